@@ -19,8 +19,8 @@ class ModelDrafter(Drafter):
 
     name = "model"
 
-    def __init__(self, model, vocab_size: int):
-        self.lm = CachedModel(model)
+    def __init__(self, lm: CachedModel, vocab_size: int):
+        self.lm = lm
         # The target's output size: drafter logits are cut or padded to it (embedding sizes differ by padding;
         # that both share one tokenizer is checked when the pair is loaded).
         self.vocab_size = vocab_size

@@ -1,0 +1,54 @@
+"""Strategies by name, built from one settings object (the chat, the one-shot mode and the benchmark share this)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from sampling.autoregressive import Autoregressive
+from sampling.base import Strategy
+from sampling.beam_search import BeamSearch
+from sampling.drafters.model import ModelDrafter
+from sampling.drafters.ngram import NGramDrafter
+from sampling.drafters.prompt_lookup import PromptLookupDrafter
+from sampling.speculative import Speculative
+from utils.caching import CachedModel
+
+STRATEGIES = ("autoregressive", "speculative", "drafter", "ngram", "lookup", "beam")
+NEEDS_DRAFTER = ("speculative", "drafter")
+
+
+@dataclass(frozen=True)
+class StrategySettings:
+    gamma: int = 4
+    ngram_n: int = 3
+    ngram_kind: str = "basic"
+    ngram_filler_top_k: int = 0
+    ngram_reset_each_prompt: bool = True
+    lookup_max_ngram: int = 3
+    lookup_min_ngram: int = 1
+    num_beams: int = 4
+    beam_top_k: int | None = None
+    length_penalty: float = 1.0
+    min_length: int = 0
+
+
+def build_strategy(name: str, target: CachedModel, drafter: CachedModel | None,
+                   settings: StrategySettings = StrategySettings()) -> Strategy:
+    """`target` and `drafter` are the long-lived cached models (their caches carry over between prompts)."""
+    if name not in STRATEGIES:
+        raise ValueError(f"unknown strategy {name!r}; choose from {', '.join(STRATEGIES)}")
+    if name in NEEDS_DRAFTER and drafter is None:
+        raise ValueError(f"strategy {name!r} needs a drafter model")
+    s = settings
+    if name == "autoregressive":
+        return Autoregressive(target)
+    if name == "drafter":
+        return Autoregressive(drafter, name="drafter")
+    if name == "beam":
+        return BeamSearch(target.model, s.num_beams, s.beam_top_k, s.length_penalty, s.min_length)
+    drafters = {
+        "speculative": lambda: ModelDrafter(drafter, target.vocab_size),
+        "ngram": lambda: NGramDrafter(s.ngram_n, s.ngram_kind, s.ngram_filler_top_k, s.ngram_reset_each_prompt),
+        "lookup": lambda: PromptLookupDrafter(s.lookup_max_ngram, s.lookup_min_ngram),
+    }
+    return Speculative(target, drafters[name](), s.gamma, name=name)
