@@ -71,8 +71,12 @@ class CachedModel:
         if "position_ids" not in model_kwargs:
             model_kwargs["position_ids"] = torch.arange(start, start + len(ids), device=self.device)[None]
         input_ids = torch.tensor([ids], dtype=torch.long, device=self.device)
-        out = self.model(input_ids=input_ids, past_key_values=self.cache, use_cache=True, logits_to_keep=keep,
-                         **model_kwargs)
+        try:
+            out = self.model(input_ids=input_ids, past_key_values=self.cache, use_cache=True, logits_to_keep=keep,
+                             **model_kwargs)
+        except BaseException:  # e.g. Ctrl-C: some layers may hold the new tokens and others not
+            self.cache, self.tokens = DynamicCache(config=self.model.config), []
+            raise
         self.tokens.extend(ids)
         self.forwards += 1
         logits = out.logits[0, -keep:]

@@ -1,0 +1,120 @@
+"""Greedy speculative decoding equals greedy autoregressive decoding token for token (float64, tiny models),
+for every drafter, draft length and stopping rule."""
+
+import copy
+
+import pytest
+import torch
+
+from sampling.autoregressive import Autoregressive
+from sampling.base import DecodeConfig
+from sampling.drafters.model import ModelDrafter
+from sampling.drafters.ngram import NGramDrafter
+from sampling.drafters.prompt_lookup import PromptLookupDrafter
+from sampling.speculative import Speculative
+from utils.caching import CachedModel
+
+PROMPT = [5, 17, 42, 8, 5, 17, 42, 9, 33, 5, 17]
+MAX_NEW = 48
+
+
+@pytest.fixture(scope="module")
+def noisy_copy_model(target_model):
+    """The target with perturbed output weights: agrees often, not always."""
+    model = copy.deepcopy(target_model)
+    generator = torch.Generator().manual_seed(7)
+    with torch.no_grad():
+        w = model.lm_head.weight
+        w.add_(torch.randn(w.shape, generator=generator, dtype=w.dtype) * w.std() * 0.25)
+    return model
+
+
+@pytest.fixture(scope="module")
+def reference(target_model):
+    """Greedy autoregressive output, and an end token that occurs in the middle of it."""
+    tokens = Autoregressive(CachedModel(target_model)).generate(PROMPT, DecodeConfig(max_new_tokens=MAX_NEW)).token_ids
+    end_at = next(i for i in range(15, MAX_NEW) if tokens[i] not in tokens[:i])
+    end = tokens[end_at]
+    with_end = Autoregressive(CachedModel(target_model)).generate(
+        PROMPT, DecodeConfig(max_new_tokens=MAX_NEW, end_ids=(end,)))
+    assert with_end.finished and with_end.token_ids == tokens[: end_at + 1]
+    return {"none": (tokens, ()), "end": (with_end.token_ids, (end,))}
+
+
+DRAFTERS = {
+    "self": lambda m: ModelDrafter(CachedModel(m["target"]), m["target"].config.vocab_size),
+    "small": lambda m: ModelDrafter(CachedModel(m["small"]), m["target"].config.vocab_size),
+    "noisy": lambda m: ModelDrafter(CachedModel(m["noisy"]), m["target"].config.vocab_size),
+    "ngram-basic": lambda m: NGramDrafter(3, "basic"),
+    "ngram-one-level": lambda m: NGramDrafter(2, "one-level"),
+    "ngram-filler": lambda m: NGramDrafter(4, "basic", filler_top_k=3),
+    "lookup": lambda m: PromptLookupDrafter(3, 1),
+}
+
+
+@pytest.mark.parametrize("stop", ["none", "end"])
+@pytest.mark.parametrize("gamma", [1, 2, 4, 8])
+@pytest.mark.parametrize("drafter", list(DRAFTERS))
+def test_greedy_speculative_equals_greedy_autoregressive(target_model, small_drafter_model, noisy_copy_model,
+                                                         reference, drafter, gamma, stop):
+    models = {"target": target_model, "small": small_drafter_model, "noisy": noisy_copy_model}
+    expected, end_ids = reference[stop]
+    strategy = Speculative(CachedModel(target_model), DRAFTERS[drafter](models), gamma)
+    result = strategy.generate(PROMPT, DecodeConfig(max_new_tokens=MAX_NEW, end_ids=end_ids))
+    assert result.token_ids == expected
+    assert result.finished == (stop == "end")
+    if drafter == "self":  # the target drafting for itself: every draft is accepted
+        assert result.stats.acceptance_rate == 1.0
+
+
+def test_drafters_span_the_acceptance_range(target_model, small_drafter_model, noisy_copy_model):
+    """The equivalence tests above cover all-accepted, mostly-rejected and mixed rounds."""
+    models = {"target": target_model, "small": small_drafter_model, "noisy": noisy_copy_model}
+    rates = {}
+    for name in ("self", "small", "noisy"):
+        strategy = Speculative(CachedModel(target_model), DRAFTERS[name](models), 4)
+        rates[name] = strategy.generate(PROMPT, DecodeConfig(max_new_tokens=MAX_NEW)).stats.acceptance_rate
+    assert rates["self"] == 1.0 and rates["small"] < 0.2 and 0.2 < rates["noisy"] < 0.95
+
+
+def test_end_token_inside_an_accepted_block_ends_the_output_there(target_model, reference):
+    """The target drafting for itself accepts whole blocks; the end token lands inside one."""
+    expected, end_ids = reference["end"]
+    strategy = Speculative(CachedModel(target_model),
+                           ModelDrafter(CachedModel(target_model), target_model.config.vocab_size), gamma=8)
+    rounds = list(strategy.stream(PROMPT, DecodeConfig(max_new_tokens=MAX_NEW, end_ids=end_ids)))
+    last = rounds[-1]
+    assert last.finished and last.tokens[-1] == end_ids[0]
+    assert last.accepted > len(last.tokens) - 1  # drafts after the end token were accepted but not committed
+    assert [t for r in rounds for t in r.tokens] == expected
+
+
+@pytest.mark.parametrize("max_new", [0, 1, 2, 5, 13])
+@pytest.mark.parametrize("gamma", [1, 4, 8])
+def test_max_new_tokens_is_never_exceeded(target_model, reference, max_new, gamma):
+    strategy = Speculative(CachedModel(target_model),
+                           ModelDrafter(CachedModel(target_model), target_model.config.vocab_size), gamma)
+    result = strategy.generate(PROMPT, DecodeConfig(max_new_tokens=max_new))
+    assert result.token_ids == reference["none"][0][:max_new]
+    assert result.stats.new_tokens == max_new and not result.finished
+
+
+def test_greedy_output_does_not_depend_on_the_seed(target_model, small_drafter_model):
+    outputs = set()
+    for seed in (0, 1, None):
+        strategy = Speculative(CachedModel(target_model),
+                               ModelDrafter(CachedModel(small_drafter_model), target_model.config.vocab_size), 3)
+        outputs.add(tuple(strategy.generate(PROMPT, DecodeConfig(max_new_tokens=20, seed=seed)).token_ids))
+    assert len(outputs) == 1
+
+
+def test_multi_turn_reuse_gives_the_same_output_as_a_fresh_cache(target_model, small_drafter_model):
+    """A second prompt extending the first conversation reuses the caches and still matches a fresh run."""
+    target, drafter_lm = CachedModel(target_model), CachedModel(small_drafter_model)
+    strategy = Speculative(target, ModelDrafter(drafter_lm, target.vocab_size), 4)
+    config = DecodeConfig(max_new_tokens=12)
+    first = strategy.generate(PROMPT, config).token_ids
+    second_prompt = PROMPT + first + [7, 7, 3]
+    reused = strategy.generate(second_prompt, config).token_ids
+    fresh = Autoregressive(CachedModel(target_model)).generate(second_prompt, config).token_ids
+    assert reused == fresh

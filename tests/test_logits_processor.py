@@ -1,0 +1,97 @@
+"""Processors against hand-computed values; they never mutate their input and reject bad parameters."""
+
+import math
+
+import pytest
+import torch
+
+from utils.logits_processor import (GreedyProcessor, MinPProcessor, MultinomialProcessor, NucleusProcessor,
+                                     TopKNucleusProcessor, TopKProcessor, make_processor)
+
+LOGITS = torch.tensor([2.0, 1.0, 0.0, -1.0])  # softmax: 0.6439, 0.2369, 0.0871, 0.0321
+
+
+def softmax_of(values):
+    e = [math.exp(v) for v in values]
+    return [x / sum(e) for x in e]
+
+
+def test_greedy_is_exact_argmax_one_hot():
+    probs = GreedyProcessor().probs(torch.tensor([[0.1, 3.0, 2.9], [5.0, -1.0, 4.99]]))
+    assert probs.tolist() == [[0.0, 1.0, 0.0], [1.0, 0.0, 0.0]]
+    assert GreedyProcessor().sample(probs).tolist() == [1, 0]
+
+
+def test_multinomial_temperature_scales_logits():
+    probs = MultinomialProcessor(temperature=2.0).probs(LOGITS)
+    assert probs.tolist() == pytest.approx(softmax_of([1.0, 0.5, 0.0, -0.5]), abs=1e-6)
+
+
+def test_top_k_keeps_k_most_likely_after_temperature():
+    probs = TopKProcessor(temperature=0.5, top_k=2).probs(LOGITS)
+    expected = softmax_of([4.0, 2.0]) + [0.0, 0.0]
+    assert probs.tolist() == pytest.approx(expected, abs=1e-6)
+
+
+def test_nucleus_keeps_smallest_set_reaching_top_p():
+    # 0.6439 < 0.8 so the second token is needed; 0.6439 + 0.2369 = 0.8808 >= 0.8, so the third is dropped.
+    probs = NucleusProcessor(top_p=0.8).probs(LOGITS)
+    assert probs.tolist() == pytest.approx(softmax_of([2.0, 1.0]) + [0.0, 0.0], abs=1e-6)
+    # A top_p below the first token's probability keeps that token alone.
+    assert NucleusProcessor(top_p=0.1).probs(LOGITS).tolist() == pytest.approx([1.0, 0, 0, 0])
+    assert NucleusProcessor(top_p=1.0).probs(LOGITS).tolist() == pytest.approx(softmax_of(LOGITS.tolist()), abs=1e-6)
+
+
+def test_top_k_then_top_p():
+    probs = TopKNucleusProcessor(temperature=1.0, top_k=3, top_p=0.95).probs(LOGITS)
+    # After top-3 renormalisation: 0.6652, 0.2447, 0.0900; the first two reach 0.9099 < 0.95, so all three stay.
+    assert probs.tolist() == pytest.approx(softmax_of([2.0, 1.0, 0.0]) + [0.0], abs=1e-6)
+
+
+def test_min_p_drops_tokens_below_fraction_of_best():
+    probs = MinPProcessor(min_p=0.3).probs(LOGITS)  # threshold 0.3 * 0.6439 = 0.193: keeps the first two
+    assert probs.tolist() == pytest.approx(softmax_of([2.0, 1.0]) + [0.0, 0.0], abs=1e-6)
+
+
+@pytest.mark.parametrize("processor", [GreedyProcessor(), MultinomialProcessor(0.7), TopKProcessor(0.7, 2),
+                                       NucleusProcessor(0.7, 0.5), TopKNucleusProcessor(0.7, 3, 0.5),
+                                       MinPProcessor(0.7, 0.2)])
+def test_processors_never_mutate_and_work_on_any_leading_shape(processor):
+    logits = torch.randn(2, 3, 11)
+    before = logits.clone()
+    probs = processor.probs(logits)
+    assert torch.equal(logits, before)
+    assert probs.shape == (2, 3, 11)
+    assert torch.allclose(probs.sum(-1), torch.ones(2, 3))
+    assert processor.sample(probs, torch.Generator().manual_seed(0)).shape == (2, 3)
+
+
+def test_bf16_logits_are_processed_in_float32():
+    assert MultinomialProcessor().probs(LOGITS.bfloat16()).dtype == torch.float32
+
+
+@pytest.mark.parametrize("make", [lambda: MultinomialProcessor(0), lambda: MultinomialProcessor(-1),
+                                  lambda: TopKProcessor(1.0, 0), lambda: TopKProcessor(1.0, 2.5),
+                                  lambda: NucleusProcessor(1.0, 0.0), lambda: NucleusProcessor(1.0, 1.5),
+                                  lambda: TopKNucleusProcessor(1.0, 0, 0.5), lambda: MinPProcessor(1.0, 0)])
+def test_bad_parameters_raise_value_error(make):
+    with pytest.raises(ValueError):
+        make()
+
+
+def test_sampling_follows_probabilities_with_explicit_generator():
+    processor = MultinomialProcessor()
+    probs = processor.probs(LOGITS)
+    draws = processor.sample(probs.expand(20000, -1), torch.Generator().manual_seed(1))
+    freq = torch.bincount(draws, minlength=4).double() / 20000
+    assert torch.allclose(freq, probs.double(), atol=0.015)
+    again = processor.sample(probs.expand(20000, -1), torch.Generator().manual_seed(1))
+    assert torch.equal(draws, again)
+
+
+def test_make_processor_maps_hf_flags():
+    assert isinstance(make_processor(0.0), GreedyProcessor)
+    assert isinstance(make_processor(0.8), MultinomialProcessor)
+    assert isinstance(make_processor(0.8, top_k=5), TopKProcessor)
+    assert isinstance(make_processor(0.8, top_p=0.9), NucleusProcessor)
+    assert isinstance(make_processor(0.8, top_k=5, top_p=0.9), TopKNucleusProcessor)
