@@ -1,0 +1,47 @@
+"""The analytic speedup of speculative decoding (Leviathan et al., 2023), as pure functions.
+
+With a per-token acceptance probability `alpha` and `gamma` drafts per round, a round commits on average
+E[N] = (1 - alpha^(gamma+1)) / (1 - alpha) tokens (the accepted drafts plus the target's own token). A round costs
+gamma drafter forwards and one target forward over gamma + 1 tokens, so the expected speedup over plain decoding is
+
+    S = E[N] * T_target(1) / (gamma * T_draft + T_target(gamma + 1)).
+
+The paper writes T_target(gamma + 1) = T_target(1) and c = T_draft / T_target(1); here the verify cost is measured.
+"""
+
+from __future__ import annotations
+
+import math
+
+
+def expected_tokens(alpha: float, gamma: int) -> float:
+    """E[N], tokens committed per round: gamma + 1 when every draft is accepted, 1 when none is."""
+    _check(alpha, gamma)
+    if alpha == 1.0:
+        return float(gamma + 1)
+    return (1.0 - alpha ** (gamma + 1)) / (1.0 - alpha)
+
+
+def speedup_bound(alpha: float, gamma: int, t_target_1: float, t_target_verify: float, t_draft: float) -> float:
+    """Expected speedup over one-token-per-forward decoding, from the measured forward times (seconds)."""
+    _check(alpha, gamma)
+    if not t_target_1 > 0 or not t_target_verify > 0:
+        raise ValueError(f"target forward times must be > 0, got {t_target_1} and {t_target_verify}")
+    if not t_draft >= 0:
+        raise ValueError(f"the draft forward time must be >= 0, got {t_draft}")
+    return expected_tokens(alpha, gamma) * t_target_1 / (gamma * t_draft + t_target_verify)
+
+
+def alpha_from_counts(accepted: int, tested: int) -> float | None:
+    """The per-token acceptance probability from counts: `tested` drafts were compared with the target (the accepted
+    ones and the first rejected one of each round), `accepted` of them passed. None when nothing was tested."""
+    if tested < 0 or not 0 <= accepted <= tested:
+        raise ValueError(f"need 0 <= accepted <= tested, got accepted={accepted}, tested={tested}")
+    return accepted / tested if tested else None
+
+
+def _check(alpha: float, gamma: int) -> None:
+    if not (isinstance(alpha, (int, float)) and math.isfinite(alpha) and 0.0 <= alpha <= 1.0):
+        raise ValueError(f"alpha must be a probability in [0, 1], got {alpha}")
+    if int(gamma) != gamma or gamma < 0:
+        raise ValueError(f"gamma must be an integer >= 0, got {gamma}")

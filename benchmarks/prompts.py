@@ -1,0 +1,69 @@
+"""Prompt sets in the SpecBench / MT-bench layout: one JSON object per line with `category` and `turns`."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+
+DEFAULT_PROMPTS = Path(__file__).with_name("prompts.jsonl")
+
+
+@dataclass(frozen=True)
+class Prompt:
+    id: str
+    category: str
+    turns: tuple[str, ...]  # user turns; a multi-turn prompt answers each before the next is asked
+
+
+def load_prompts(path: Path | str = DEFAULT_PROMPTS, categories: list[str] | None = None,
+                 limit: int | None = None) -> list[Prompt]:
+    """The prompts of a JSONL file, in file order; `categories` keeps those, `limit` keeps at most that many per
+    category (so a limited run still covers every category)."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"no prompt file at {path}")
+    prompts = [_parse(line, path, n) for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1)
+               if line.strip()]
+    if categories:
+        unknown = sorted(set(categories) - {p.category for p in prompts})
+        if unknown:
+            known = ", ".join(sorted({p.category for p in prompts}))
+            raise ValueError(f"no prompts of categories {', '.join(unknown)} in {path}; it has {known}")
+        prompts = [p for p in prompts if p.category in categories]
+    if limit is not None:
+        if limit < 1:
+            raise ValueError(f"limit must be >= 1, got {limit}")
+        taken: Counter[str] = Counter()
+        kept = []
+        for p in prompts:
+            if taken[p.category] < limit:
+                taken[p.category] += 1
+                kept.append(p)
+        prompts = kept
+    return prompts
+
+
+def count_by_category(prompts: list[Prompt]) -> dict[str, int]:
+    return dict(Counter(p.category for p in prompts))
+
+
+def chat_ids(tokenizer, messages: list[dict[str, str]]) -> list[int]:
+    """Token ids of a conversation rendered with the tokenizer's chat template, ready for the assistant's answer."""
+    text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    return tokenizer.encode(text, add_special_tokens=False)
+
+
+def _parse(line: str, path: Path, number: int) -> Prompt:
+    try:
+        record = json.loads(line)
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{path}:{number}: not JSON ({e})") from None
+    turns = record.get("turns")
+    if not isinstance(turns, list) or not turns or not all(isinstance(t, str) and t for t in turns):
+        raise ValueError(f"{path}:{number}: `turns` must be a non-empty list of strings")
+    category = record.get("category")
+    if not isinstance(category, str) or not category:
+        raise ValueError(f"{path}:{number}: `category` must be a non-empty string")
+    return Prompt(str(record.get("question_id", number)), category, tuple(turns))
