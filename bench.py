@@ -1,0 +1,255 @@
+"""Benchmark our decoding strategies against Hugging Face `generate` baselines on a prompt set.
+
+    python bench.py                                   # embedded pair (or --preset), the project's prompt set
+    python bench.py --quick                           # smoke run: 2 prompts, 16 new tokens
+    python bench.py --prompts ../shared/bench/mt_bench.jsonl --limit 2 --markdown results.md
+
+Writes results.json (every raw measurement + the machine), summary.md and plot.png under --out, prints tables.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import shlex
+import sys
+from dataclasses import asdict
+from pathlib import Path
+
+import torch
+
+from benchmarks.contestants import OurStrategy
+from benchmarks.costs import measure_costs
+from benchmarks.hf_baselines import HF_BASELINES, build_hf_baselines, sampling_kwargs, sklearn_available
+from benchmarks.prompts import DEFAULT_PROMPTS, chat_ids, count_by_category, load_prompts
+from benchmarks.report import machine_description, markdown, plot, print_tables, summarize, write_json
+from benchmarks.runner import REFERENCE, Encoder, RunSettings, run_benchmark
+from sampling.base import DecodeConfig
+from sampling.registry import NEEDS_DRAFTER, STRATEGIES, StrategySettings, build_strategy
+from utils.caching import CachedModel
+from utils.loading import ModelLoadError, load_model, load_pair, resolve_preset
+from utils.logits_processor import make_processor
+
+NOT_BY_DEFAULT = ("drafter", "beam")  # not speculative methods: measured only when asked for
+UNIVERSAL_DRAFTER = "smollm2-135m"
+QUICK_PROMPTS, QUICK_TOKENS, FULL_TOKENS = 2, 16, 128
+SCHEMA_VERSION = 1
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    models = p.add_argument_group("models")
+    models.add_argument("--preset", default="auto", help="model pair preset (auto, embedded, llama-3.2); "
+                        "ignored when --target is given")
+    models.add_argument("--target", help="target model spec: embedded name, saved directory, .gguf or Hub id")
+    models.add_argument("--drafter", help="drafter model spec (same tokenizer as the target)")
+    models.add_argument("--universal-drafter", help="drafter with another tokenizer for hf_universal "
+                        f"(default {UNIVERSAL_DRAFTER} with a preset, none with --target; 'none' to skip)")
+    models.add_argument("--dtype", default="auto", help="auto, bfloat16, float32, float16")
+    models.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N, mps")
+    models.add_argument("--threads", type=int, help="torch.set_num_threads (default: torch's choice)")
+    run = p.add_argument_group("run")
+    run.add_argument("--prompts", type=Path, default=DEFAULT_PROMPTS, help="JSONL prompt set (`turns`, `category`)")
+    run.add_argument("--categories", help="comma-separated categories to keep")
+    run.add_argument("--limit", type=int, help="at most N prompts per category")
+    run.add_argument("--strategies", help="comma-separated: ours (" + ", ".join(STRATEGIES) + ") and HF baselines ("
+                     + ", ".join(HF_BASELINES) + "); default: all but " + ", ".join(NOT_BY_DEFAULT))
+    run.add_argument("--no-hf", action="store_true", help="skip the Hugging Face baselines")
+    run.add_argument("--max-new-tokens", type=int, help=f"default {FULL_TOKENS} ({QUICK_TOKENS} with --quick)")
+    run.add_argument("--gamma", type=int, default=StrategySettings.gamma, help="draft length")
+    run.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
+    run.add_argument("--top-k", type=int, help="sampling only")
+    run.add_argument("--top-p", type=float, help="sampling only")
+    run.add_argument("--seed", type=int, default=0)
+    run.add_argument("--quick", action="store_true",
+                     help=f"smoke run: {QUICK_PROMPTS} prompts, {QUICK_TOKENS} new tokens unless given")
+    run.add_argument("--cost-repeats", type=int, help="timed forwards per cost measurement (default 7, 3 quick)")
+    out = p.add_argument_group("output")
+    out.add_argument("--out", type=Path, help="output directory (default bench_results/<timestamp>/)")
+    out.add_argument("--markdown", type=Path, help="also write the markdown summary to this path")
+    out.add_argument("--no-progress", action="store_true", help="no progress bars")
+    args = p.parse_args(argv)
+    _validate(p, args)
+    return args
+
+
+def _validate(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    if args.gamma < 1:
+        p.error(f"--gamma must be >= 1, got {args.gamma}")
+    if args.max_new_tokens is not None and args.max_new_tokens < 1:
+        p.error(f"--max-new-tokens must be >= 1, got {args.max_new_tokens}")
+    if args.limit is not None and args.limit < 1:
+        p.error(f"--limit must be >= 1, got {args.limit}")
+    if args.temperature < 0:
+        p.error(f"--temperature must be >= 0, got {args.temperature}")
+    if args.threads is not None and args.threads < 1:
+        p.error(f"--threads must be >= 1, got {args.threads}")
+    if args.drafter and not args.target:
+        p.error("--drafter needs --target (or use --preset)")
+    if args.strategies:
+        names = _split(args.strategies)
+        unknown = [n for n in names if n not in STRATEGIES + HF_BASELINES]
+        if unknown:
+            p.error(f"unknown strategies {', '.join(unknown)}; choose from {', '.join(STRATEGIES + HF_BASELINES)}")
+        if args.no_hf and any(n in HF_BASELINES for n in names):
+            p.error("--no-hf contradicts the HF baselines named in --strategies")
+
+
+def _split(text: str | None) -> list[str]:
+    return [part.strip() for part in (text or "").split(",") if part.strip()]
+
+
+def selected_strategies(args: argparse.Namespace) -> tuple[list[str], list[str]]:
+    """(ours, hf), autoregressive always first among ours: it is the baseline and builds multi-turn contexts."""
+    if args.strategies:
+        names = _split(args.strategies)
+    else:
+        names = [s for s in STRATEGIES if s not in NOT_BY_DEFAULT] + ([] if args.no_hf else list(HF_BASELINES))
+    ours = [REFERENCE] + [n for n in dict.fromkeys(names) if n in STRATEGIES and n != REFERENCE]
+    hf = [n for n in dict.fromkeys(names) if n in HF_BASELINES]
+    return ours, hf
+
+
+def model_specs(args: argparse.Namespace) -> dict:
+    if args.target:
+        universal = args.universal_drafter
+        return {"target": args.target, "drafter": args.drafter, "target_quantize": "none",
+                "drafter_quantize": "none", "device": args.device,
+                "universal": None if universal in (None, "none") else universal}
+    preset = resolve_preset(args.preset)
+    universal = args.universal_drafter or UNIVERSAL_DRAFTER
+    return {"target": preset.target, "drafter": preset.drafter, "target_quantize": preset.target_quantize,
+            "drafter_quantize": preset.drafter_quantize,
+            "device": preset.device if args.device == "auto" else args.device,
+            "universal": None if universal == "none" else universal, "preset": preset.name}
+
+
+def timing_context(prompts, encode, max_new_tokens: int, limit: int) -> list[int]:
+    """A typical context: the median first-turn prompt plus half the new tokens (its own ids repeated)."""
+    lengths = sorted((len(ids), ids) for ids in (encode([{"role": "user", "content": p.turns[0]}]) for p in prompts))
+    ids = lengths[len(lengths) // 2][1]
+    wanted = min(len(ids) + max_new_tokens // 2, limit)
+    return (ids * (wanted // len(ids) + 1))[:wanted]
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    max_new_tokens = args.max_new_tokens or (QUICK_TOKENS if args.quick else FULL_TOKENS)
+    prompts = load_prompts(args.prompts, _split(args.categories) or None, args.limit)
+    if args.quick:
+        firsts = {}
+        for prompt in prompts:
+            firsts.setdefault(prompt.category, prompt)
+        prompts = list(firsts.values())[:QUICK_PROMPTS]
+    if not prompts:
+        print("no prompts selected", file=sys.stderr)
+        return 2
+    ours, hf = selected_strategies(args)
+    specs = model_specs(args)
+    try:
+        pair = load_pair(specs["target"], specs["drafter"], device=specs["device"], dtype=args.dtype,
+                         target_quantize=specs["target_quantize"], drafter_quantize=specs["drafter_quantize"],
+                         progress=not args.no_progress)
+        universal = None
+        if "hf_universal" in hf and specs["universal"]:
+            universal = load_model(specs["universal"], device=specs["device"], dtype=args.dtype,
+                                   progress=not args.no_progress)
+    except ModelLoadError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 1
+    target, drafter = pair.target, pair.drafter
+    device, dtype = target.model.device, next(target.model.parameters()).dtype
+    tokenizer = target.tokenizer
+    end_ids = pair.end_ids
+
+    settings = StrategySettings(gamma=args.gamma)
+    target_lm = CachedModel(target.model)
+    drafter_lm = CachedModel(drafter.model) if drafter is not None else None
+    cached = [lm for lm in (target_lm, drafter_lm) if lm is not None]
+    contestants, skipped = [], []
+    for name in ours:
+        if name in NEEDS_DRAFTER and drafter_lm is None:
+            skipped.append({"name": name, "reason": "no drafter model loaded"})
+            continue
+        strategy = build_strategy(name, target_lm, drafter_lm, settings)
+        contestants.append(OurStrategy(strategy, cached, asdict(settings), name in NEEDS_DRAFTER))
+    baselines, hf_skipped = build_hf_baselines(hf, target, drafter, universal, gamma=args.gamma,
+                                               lookup_max_ngram=settings.lookup_max_ngram,
+                                               explicit=bool(args.strategies))
+    contestants += baselines
+    skipped += [asdict(s) for s in hf_skipped]
+
+    processor = make_processor(args.temperature, args.top_k, args.top_p)
+    config = DecodeConfig(max_new_tokens, processor, end_ids, args.seed)
+    models = [m.model for m in (target, drafter, universal) if m is not None]
+    context_limit = min(getattr(m.config, "max_position_embeddings", None) or 1 << 31 for m in models)
+    encoder = Encoder(
+        encode=lambda messages: chat_ids(tokenizer, messages),
+        decode=lambda ids: tokenizer.decode([t for t in ids if t not in end_ids], skip_special_tokens=True))
+    run_settings = RunSettings(config, warmup_tokens=4 if args.quick else 8, context_limit=context_limit,
+                               progress=not args.no_progress)
+    measurements, skipped_prompts = run_benchmark(prompts, contestants, encoder, run_settings)
+
+    gammas = {c.name: c.gamma for c in contestants if getattr(c, "gamma", None)}
+    context = timing_context(prompts, encoder.encode, max_new_tokens,
+                             context_limit - max([args.gamma, *gammas.values()]) - 1)
+    costs = measure_costs(target_lm, drafter_lm, context, args.gamma, args.cost_repeats or (3 if args.quick else 7),
+                          tuple(gammas.values()))
+    drafter_models = {c.name for c in contestants if c.kind == "ours" and c.uses_drafter_model}
+    summary = summarize(measurements, costs, gammas, drafter_models)
+
+    out = args.out or Path("bench_results") / datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
+    out.mkdir(parents=True, exist_ok=True)
+    decoding = "greedy" if processor.is_greedy else f"sampling ({processor!r}), seed {args.seed}"
+    report = {
+        "schema_version": SCHEMA_VERSION,
+        "command": "python bench.py " + shlex.join(sys.argv[1:] if argv is None else argv),
+        "machine": machine_description(device, dtype),
+        "config": {
+            **{k: v for k, v in specs.items() if k != "universal"},
+            "target": target.name, "target_source": target.source,
+            "drafter": drafter.name if drafter else None, "drafter_source": drafter.source if drafter else None,
+            "universal_drafter": universal.name if universal else None,
+            "end_ids": list(end_ids), "max_new_tokens": max_new_tokens, "gamma": args.gamma,
+            "decoding": decoding, "greedy": processor.is_greedy, "temperature": args.temperature,
+            "top_k": args.top_k, "top_p": args.top_p, "seed": args.seed,
+            "hf_sampling_kwargs": sampling_kwargs(processor), "strategy_settings": asdict(settings),
+            "prompts": str(args.prompts), "categories": _split(args.categories) or None, "limit": args.limit,
+            "quick": args.quick, "prompt_counts": count_by_category(prompts), "context_limit": context_limit,
+            "warmup_tokens": run_settings.warmup_tokens, "sklearn_available": sklearn_available(),
+            "multi_turn": "every turn measured; later turns continue from our autoregressive answers",
+        },
+        "contestants": [c.describe() for c in contestants],
+        "skipped_contestants": skipped,
+        "skipped_prompts": skipped_prompts,
+        "costs": costs.as_dict(),
+        "prompts": [{"id": p.id, "category": p.category, "turns": list(p.turns)} for p in prompts],
+        "summary": summary,
+        "measurements": measurements,
+        "files": {"json": str(out / "results.json"), "markdown": str(out / "summary.md"),
+                  "plot": str(out / "plot.png")},
+    }
+    text = markdown(report)
+    (out / "summary.md").write_text(text, encoding="utf-8")
+    if args.markdown:
+        args.markdown.parent.mkdir(parents=True, exist_ok=True)
+        args.markdown.write_text(text, encoding="utf-8")
+    plot(report, out / "plot.png")
+    write_json(report, out / "results.json")
+
+    from rich.console import Console
+
+    console = Console() if sys.stdout.isatty() else Console(width=200)  # a file or pipe: no 80-column squeeze
+    print_tables(summary, console)
+    for s in skipped:
+        console.print(f"[yellow]skipped {s['name']}[/yellow]: {s['reason']}")
+    for s in skipped_prompts:
+        console.print(f"[yellow]skipped prompt {s['prompt_id']} turn {s['turn'] + 1}[/yellow]: {s['reason']}")
+    console.print(f"results in {out}/ (results.json, summary.md, plot.png)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,75 @@
+"""Direct forward-pass timings for the analytic bound: T_target(1), T_target(gamma+1), T_draft(1)."""
+
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import asdict, dataclass
+
+import torch
+
+from utils.caching import CachedModel
+
+
+@dataclass(frozen=True)
+class ForwardCosts:
+    context_length: int  # tokens already cached when the timed forwards run
+    gamma: int
+    repeats: int
+    t_target_1: float  # seconds: one target forward over 1 new token (median)
+    t_target_verify: float  # one target forward over gamma + 1 new tokens
+    t_draft_1: float | None  # one drafter forward over 1 new token; None without a drafter
+    t_target_verify_by_gamma: dict[int, float]  # the same for every draft length a measured strategy uses
+
+    @property
+    def draft_cost_ratio(self) -> float | None:
+        """c = T_draft(1) / T_target(1)."""
+        return self.t_draft_1 / self.t_target_1 if self.t_draft_1 is not None else None
+
+    @property
+    def verify_cost_ratio(self) -> float:
+        """T_target(gamma+1) / T_target(1): what verifying a whole draft costs in one-token steps."""
+        return self.t_target_verify / self.t_target_1
+
+    def verify_time(self, gamma: int) -> float:
+        """T_target(gamma + 1)."""
+        return self.t_target_verify_by_gamma.get(gamma, self.t_target_verify)
+
+    def as_dict(self) -> dict:
+        return {**asdict(self), "draft_cost_ratio": self.draft_cost_ratio, "verify_cost_ratio": self.verify_cost_ratio}
+
+
+@torch.inference_mode()
+def time_forward(lm: CachedModel, context: list[int], new: list[int], repeats: int) -> float:
+    """Median seconds of one forward over `new` after `context` is cached; the cache is rolled back each time."""
+    lm.reset()
+    lm.forward(context)
+    lm.forward(new)  # one untimed pass: first-call allocations
+    lm.crop(len(context))
+    samples = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        lm.forward(new)
+        samples.append(time.perf_counter() - start)
+        lm.crop(len(context))
+    lm.reset()
+    return statistics.median(samples)
+
+
+def measure_costs(target: CachedModel, drafter: CachedModel | None, context: list[int], gamma: int,
+                  repeats: int = 5, other_gammas: tuple[int, ...] = ()) -> ForwardCosts:
+    """`context` is a typical prompt (its ids are only fed, never decoded): the timings hold at its length."""
+    if not context:
+        raise ValueError("the timing context needs at least 1 token")
+    gammas = sorted({gamma, *other_gammas})
+    probe = (context * (max(gammas) + 1))[-(max(gammas) + 1):]  # any tokens will do as the new ones
+    by_gamma = {g: time_forward(target, context, probe[: g + 1], repeats) for g in gammas}
+    return ForwardCosts(
+        context_length=len(context),
+        gamma=gamma,
+        repeats=repeats,
+        t_target_1=time_forward(target, context, probe[:1], repeats),
+        t_target_verify=by_gamma[gamma],
+        t_draft_1=time_forward(drafter, context, probe[:1], repeats) if drafter is not None else None,
+        t_target_verify_by_gamma=by_gamma,
+    )

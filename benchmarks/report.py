@@ -1,0 +1,309 @@
+"""Aggregates and outputs: per strategy and category summaries, a rich table, markdown, a PNG plot, the JSON file.
+
+Rates are ratios of sums (all tokens over all seconds of a group), as in SpecBench. `speedup` uses total time (the
+prompt's prefill included: what a user waits for); `decode_speedup` leaves the time to first token out; the
+analytic bound models decode rounds, so `efficiency` = decode_speedup / bound.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import platform
+from pathlib import Path
+
+import torch
+
+from benchmarks.analytic import alpha_from_counts, speedup_bound
+from benchmarks.costs import ForwardCosts
+from benchmarks.runner import REFERENCE
+
+HF_REFERENCE = "hf_generate"
+ALL = "all"
+
+
+# ---------------------------------------------------------------------------------------------
+# Summaries
+
+
+def summarize(measurements: list[dict], costs: ForwardCosts | None, gammas: dict[str, int],
+              drafter_models: set[str]) -> dict:
+    """{"overall": {strategy: stats}, "by_category": {category: {strategy: stats}}}. `gammas`: each drafting
+    strategy's draft length; `drafter_models` names the strategies whose drafts come from the drafter model (their
+    bound counts T_draft, the others draft for free)."""
+    categories = sorted({m["category"] for m in measurements})
+    by_category = {c: _group([m for m in measurements if m["category"] == c], costs, gammas, drafter_models)
+                   for c in categories}
+    return {"overall": _group(measurements, costs, gammas, drafter_models), "by_category": by_category}
+
+
+def _group(measurements: list[dict], costs: ForwardCosts | None, gammas: dict[str, int],
+           drafter_models: set[str]) -> dict:
+    strategies = list(dict.fromkeys(m["strategy"] for m in measurements))
+    stats = {s: _stats([m for m in measurements if m["strategy"] == s]) for s in strategies}
+    for name, s in stats.items():
+        s["speedup_vs_autoregressive"] = _ratio(s["tokens_per_second"], stats.get(REFERENCE, {}).get("tokens_per_second"))
+        s["speedup_vs_hf_generate"] = _ratio(s["tokens_per_second"], stats.get(HF_REFERENCE, {}).get("tokens_per_second"))
+        s["decode_speedup_vs_autoregressive"] = _ratio(s["decode_tokens_per_second"],
+                                                       stats.get(REFERENCE, {}).get("decode_tokens_per_second"))
+        s["speedup_bound"] = None
+        gamma = gammas.get(name)
+        if s["alpha"] is not None and costs is not None and gamma is not None:
+            t_draft = costs.t_draft_1 if name in drafter_models else 0.0
+            if t_draft is not None:
+                s["speedup_bound"] = speedup_bound(s["alpha"], gamma, costs.t_target_1, costs.verify_time(gamma),
+                                                   t_draft)
+        s["efficiency"] = _ratio(s["decode_speedup_vs_autoregressive"], s["speedup_bound"])
+    return stats
+
+
+def _stats(ms: list[dict]) -> dict:
+    tokens = sum(m["new_tokens"] for m in ms)
+    total = sum(m["total_time"] for m in ms)
+    decode = sum(m["decode_time"] for m in ms)
+    rounds = sum(m["rounds"] for m in ms)
+    drafts = all(m["drafted"] is not None for m in ms)
+    drafted = sum(m["drafted"] for m in ms) if drafts else None
+    accepted = sum(m["accepted"] for m in ms) if drafts else None
+    tested = sum(m["tested"] for m in ms) if drafts else None
+    compared = [m["identical_to_autoregressive"] for m in ms if m["identical_to_autoregressive"] is not None]
+    return {
+        "runs": len(ms),
+        "new_tokens": tokens,
+        "total_time": total,
+        "decode_time": decode,
+        "tokens_per_second": tokens / total if total > 0 else 0.0,
+        "decode_tokens_per_second": sum(max(m["new_tokens"] - 1, 0) for m in ms) / decode if decode > 0 else 0.0,
+        "mean_time_to_first_token": sum(m["time_to_first_token"] for m in ms) / len(ms) if ms else 0.0,
+        "rounds": rounds,
+        "mean_tokens_per_round": tokens / rounds if rounds else 0.0,
+        "drafted": drafted,
+        "accepted": accepted,
+        "tested": tested,
+        "acceptance_rate": accepted / drafted if drafted else None,
+        "alpha": alpha_from_counts(accepted, tested) if drafts else None,
+        "acceptance_by_position": _by_position(ms) if drafts else None,
+        "identical": sum(compared) if compared else None,
+        "compared": len(compared) if compared else None,
+    }
+
+
+def _by_position(ms: list[dict]) -> list[float]:
+    length = max((len(m["drafted_by_position"]) for m in ms), default=0)
+    drafted, accepted = [0] * length, [0] * length
+    for m in ms:
+        for i, (d, a) in enumerate(zip(m["drafted_by_position"], m["accepted_by_position"])):
+            drafted[i] += d
+            accepted[i] += a
+    return [a / d if d else 0.0 for a, d in zip(accepted, drafted)]
+
+
+def _ratio(a: float | None, b: float | None) -> float | None:
+    return a / b if a is not None and b else None
+
+
+# ---------------------------------------------------------------------------------------------
+# Machine
+
+
+def machine_description(device: torch.device, dtype: torch.dtype) -> dict:
+    import transformers
+
+    try:
+        import optimum.quanto as quanto
+        quanto_version = getattr(quanto, "__version__", "installed")
+    except ImportError:
+        quanto_version = None
+    return {
+        "cpu": _cpu_model(),
+        "cpu_count": os.cpu_count(),
+        "torch_threads": torch.get_num_threads(),
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "optimum_quanto": quanto_version,
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "device": str(device),
+        "gpu": torch.cuda.get_device_name(device) if device.type == "cuda" else None,
+        "dtype": str(dtype).removeprefix("torch."),
+        "date": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
+    }
+
+
+def _cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            key, _, value = line.partition(":")
+            if key.strip() in ("model name", "Model", "Hardware"):
+                return value.strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
+
+# ---------------------------------------------------------------------------------------------
+# Outputs
+
+
+def _fmt(value, spec: str = ".2f", suffix: str = "") -> str:
+    return "–" if value is None else f"{value:{spec}}{suffix}"
+
+
+def _identical(s: dict) -> str:
+    return "–" if s["compared"] is None else f"{s['identical']}/{s['compared']}"
+
+
+COLUMNS = ("strategy", "tok/s", "× ours AR", "× HF generate", "decode ×", "TTFT s", "accept", "α", "tok/round",
+           "bound", "efficiency", "identical")
+
+
+def overall_rows(summary: dict) -> list[list[str]]:
+    rows = []
+    for name, s in summary["overall"].items():
+        rows.append([name, _fmt(s["tokens_per_second"], ".1f"), _fmt(s["speedup_vs_autoregressive"], ".2f", "×"),
+                     _fmt(s["speedup_vs_hf_generate"], ".2f", "×"),
+                     _fmt(s["decode_speedup_vs_autoregressive"], ".2f", "×"),
+                     _fmt(s["mean_time_to_first_token"], ".3f"), _fmt(s["acceptance_rate"], ".0%"),
+                     _fmt(s["alpha"], ".2f"), _fmt(s["mean_tokens_per_round"], ".2f"),
+                     _fmt(s["speedup_bound"], ".2f", "×"), _fmt(s["efficiency"], ".0%"), _identical(s)])
+    return rows
+
+
+def category_rows(summary: dict) -> tuple[list[str], list[list[str]]]:
+    categories = list(summary["by_category"])
+    header = ["strategy", *categories, ALL]
+    rows = []
+    for name, s in summary["overall"].items():
+        cells = [_fmt(summary["by_category"][c].get(name, {}).get("speedup_vs_autoregressive"), ".2f", "×")
+                 for c in categories]
+        rows.append([name, *cells, _fmt(s["speedup_vs_autoregressive"], ".2f", "×")])
+    return header, rows
+
+
+def print_tables(summary: dict, console) -> None:
+    from rich.table import Table
+
+    table = Table(title="Speculative decoding benchmark (overall)")
+    for column in COLUMNS:
+        table.add_column(column, justify="left" if column == "strategy" else "right", no_wrap=column == "strategy")
+    for row in overall_rows(summary):
+        table.add_row(*row)
+    console.print(table)
+    header, rows = category_rows(summary)
+    by_category = Table(title="Speedup over our autoregressive, by category")
+    for column in header:
+        by_category.add_column(column, justify="left" if column == "strategy" else "right",
+                               no_wrap=column == "strategy")
+    for row in rows:
+        by_category.add_row(*row)
+    console.print(by_category)
+
+
+def _md_table(header: list[str], rows: list[list[str]]) -> str:
+    lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
+    lines += ["| " + " | ".join(row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def markdown(report: dict) -> str:
+    m, c, summary = report["machine"], report["config"], report["summary"]
+    costs = report["costs"]
+    counts = ", ".join(f"{k} {v}" for k, v in c["prompt_counts"].items())
+    lines = [
+        "## Benchmark results",
+        "",
+        f"Measured {m['date']} on {m['cpu']} ({m['device']}, {m['torch_threads']} torch threads, {m['dtype']}), "
+        f"torch {m['torch']}, transformers {m['transformers']}.",
+        f"Target `{c['target']}`, drafter `{c['drafter']}`; {c['max_new_tokens']} new tokens at most, gamma "
+        f"{c['gamma']}, {c['decoding']}; prompts `{c['prompts']}` ({counts}; every turn of multi-turn prompts "
+        "measured).",
+        "",
+        f"Regenerate with: `{report['command']}`",
+        "",
+        "### Overall",
+        "",
+        _md_table(list(COLUMNS), overall_rows(summary)),
+        "",
+        "### Speedup over our autoregressive decoding, by category",
+        "",
+        _md_table(*category_rows(summary)),
+        "",
+    ]
+    if costs:
+        draft = "–" if costs["t_draft_1"] is None else f"{costs['t_draft_1'] * 1e3:.1f} ms"
+        ratio = "–" if costs["draft_cost_ratio"] is None else f"{costs['draft_cost_ratio']:.2f}"
+        lines += [
+            "### Forward costs (median of timed forwards)",
+            "",
+            f"At a context of {costs['context_length']} tokens: T_target(1) = {costs['t_target_1'] * 1e3:.1f} ms, "
+            f"T_target({costs['gamma'] + 1}) = {costs['t_target_verify'] * 1e3:.1f} ms (verify cost "
+            f"{costs['verify_cost_ratio']:.2f}× one step), T_draft(1) = {draft} (drafter/target cost ratio c = {ratio}).",
+            "The bound is Leviathan et al.'s S = E[N]·T_target(1) / (γ·T_draft + T_target(γ+1)), "
+            "E[N] = (1 − α^(γ+1)) / (1 − α), with α the measured per-token acceptance (accepted / drafts checked); "
+            "n-gram and lookup drafts cost nothing.",
+            "",
+        ]
+    lines += ["### What was run", ""]
+    for contestant in report["contestants"]:
+        if contestant["kind"] == "hf":
+            lines.append(f"- `{contestant['name']}`: {contestant['description']}; assistant generation_config "
+                         f"`{json.dumps(contestant['assistant_generation_config'])}`")
+        else:
+            lines.append(f"- `{contestant['name']}`: ours ({contestant['class']})")
+    for skipped in report["skipped_contestants"]:
+        lines.append(f"- `{skipped['name']}` skipped: {skipped['reason']}")
+    lines += [
+        "",
+        "Method: one warm-up run per strategy; strategies interleaved per prompt turn (order rotating per prompt); "
+        "empty KV caches for every run; tokens counted as new token ids up to and including the first end token; "
+        "tok/s = all tokens / all time (time to first token included); decode × leaves it out. HF time to first "
+        "token is the first streamer put after the prompt. `identical`: outputs equal to our autoregressive output "
+        "token for token (greedy only; bf16 may drift, float32 must not). α, bound and efficiency (decode × / "
+        "bound) apply to drafting strategies.",
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def plot(report: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    summary = report["summary"]
+    categories = [*summary["by_category"], ALL]
+    strategies = [s for s in summary["overall"] if s != REFERENCE]
+    fig, (left, right) = plt.subplots(1, 2, figsize=(14, 5), gridspec_kw={"width_ratios": [2, 1]})
+    width = 0.8 / max(len(strategies), 1)
+    for i, name in enumerate(strategies):
+        values = [(summary["overall"] if c == ALL else summary["by_category"][c]).get(name, {})
+                  .get("speedup_vs_autoregressive") or 0.0 for c in categories]
+        left.bar([x + i * width for x in range(len(categories))], values, width, label=name)
+    left.axhline(1.0, color="black", linewidth=0.8, linestyle="--")
+    left.set_xticks([x + width * (len(strategies) - 1) / 2 for x in range(len(categories))], categories,
+                    rotation=20)
+    left.set_ylabel("speedup over our autoregressive (×)")
+    left.set_title("Speedup by category")
+    left.legend(fontsize="small", ncol=2)
+    for name, s in summary["overall"].items():
+        if s["acceptance_by_position"]:
+            positions = range(1, len(s["acceptance_by_position"]) + 1)
+            right.plot(positions, s["acceptance_by_position"], marker="o", label=name)
+    right.set_ylim(0, 1.05)
+    right.set_xlabel("draft position")
+    right.set_ylabel("share of rounds accepting it")
+    right.set_title("Acceptance by draft position")
+    if right.has_data():
+        right.legend(fontsize="small")
+    m = report["machine"]
+    fig.suptitle(f"{report['config']['target']} / {report['config']['drafter']} — {m['cpu']}, {m['dtype']}, "
+                 f"{m['torch_threads']} threads", fontsize="medium")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def write_json(report: dict, path: Path) -> None:
+    path.write_text(json.dumps(report, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")

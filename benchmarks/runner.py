@@ -1,0 +1,136 @@
+"""The measurement loop: a warm-up, then every contestant on every prompt turn, interleaved.
+
+Method
+- Warm-up: each contestant decodes the first prompt once (a few tokens), unrecorded.
+- Interleaving: for each prompt turn all contestants run back to back (A B C, A B C, ...), starting at a different
+  contestant for each prompt (the order rotates), so machine drift and order effects hit all alike.
+- Multi-turn prompts: every turn is measured. Turn k+1's context is the conversation so far with *our
+  autoregressive* answers, so every contestant gets exactly the same prompt ids on every turn.
+- Every run starts from empty KV caches (no prefix reuse between contestants or turns).
+- Greedy runs: each output is compared token by token with our autoregressive output for the same prompt turn.
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass
+from typing import Callable
+
+from tqdm import tqdm
+
+from benchmarks.contestants import Contestant, Generation
+from benchmarks.prompts import Prompt
+from sampling.base import DecodeConfig
+
+REFERENCE = "autoregressive"
+
+
+@dataclass(frozen=True)
+class Encoder:
+    """Text <-> ids for the target model's chat format (the engine sees ids only)."""
+
+    encode: Callable[[list[dict[str, str]]], list[int]]  # messages -> prompt ids
+    decode: Callable[[list[int]], str]  # new ids -> answer text (end tokens dropped)
+
+
+@dataclass(frozen=True)
+class RunSettings:
+    config: DecodeConfig
+    warmup_tokens: int = 8
+    context_limit: int = 1 << 31  # prompt + max_new_tokens must fit (smallest context among the models)
+    progress: bool = True
+
+
+def first_difference(a: list[int], b: list[int]) -> int | None:
+    """Index of the first position where the outputs differ (the shorter length if one is a prefix of the other)."""
+    for i, (x, y) in enumerate(zip(a, b)):
+        if x != y:
+            return i
+    return None if len(a) == len(b) else min(len(a), len(b))
+
+
+def run_benchmark(prompts: list[Prompt], contestants: list[Contestant], encoder: Encoder,
+                  settings: RunSettings) -> tuple[list[dict], list[dict]]:
+    """Measurements (one dict per prompt turn per contestant) and the prompt turns skipped (with the reason)."""
+    names = [c.name for c in contestants]
+    if REFERENCE not in names:
+        raise ValueError(f"the contestants must include {REFERENCE!r}: it is the baseline and builds later turns")
+    config = settings.config
+    _warm_up(prompts, contestants, encoder, settings)
+    measurements, skipped = [], []
+    total = sum(len(p.turns) for p in prompts) * len(contestants)
+    with tqdm(total=total, desc="bench", unit="run", file=sys.stderr, disable=not settings.progress) as bar:
+        for index, prompt in enumerate(prompts):
+            order = contestants[index % len(contestants):] + contestants[: index % len(contestants)]
+            messages: list[dict[str, str]] = []
+            for turn, text in enumerate(prompt.turns):
+                messages.append({"role": "user", "content": text})
+                prompt_ids = encoder.encode(messages)
+                if len(prompt_ids) + config.max_new_tokens > settings.context_limit:
+                    reason = (f"{len(prompt_ids)} prompt tokens + {config.max_new_tokens} new tokens exceed the "
+                              f"context of {settings.context_limit}")
+                    skipped.append({"prompt_id": prompt.id, "category": prompt.category, "turn": turn, "reason": reason})
+                    bar.update(len(contestants) * (len(prompt.turns) - turn))
+                    break
+                runs = {}
+                for position, contestant in enumerate(order):
+                    bar.set_postfix_str(f"{prompt.id} turn {turn + 1} {contestant.name}")
+                    runs[contestant.name] = (position, contestant.run(prompt_ids, config))
+                    bar.update(1)
+                reference = runs[REFERENCE][1]
+                for contestant in contestants:
+                    position, generation = runs[contestant.name]
+                    measurements.append(_record(prompt, turn, len(prompt_ids), contestant, position, generation,
+                                                reference, config, encoder))
+                messages.append({"role": "assistant", "content": encoder.decode(reference.token_ids)})
+    return measurements, skipped
+
+
+def _warm_up(prompts: list[Prompt], contestants: list[Contestant], encoder: Encoder, settings: RunSettings) -> None:
+    if not prompts or settings.warmup_tokens <= 0:
+        return
+    config = settings.config
+    warm = DecodeConfig(min(settings.warmup_tokens, config.max_new_tokens), config.processor, config.end_ids,
+                        config.seed)
+    prompt_ids = encoder.encode([{"role": "user", "content": prompts[0].turns[0]}])
+    if len(prompt_ids) + warm.max_new_tokens > settings.context_limit:
+        prompt_ids = prompt_ids[: max(1, settings.context_limit - warm.max_new_tokens)]
+    for contestant in tqdm(contestants, desc="warm-up", file=sys.stderr, disable=not settings.progress):
+        contestant.run(prompt_ids, warm)
+
+
+def _record(prompt: Prompt, turn: int, prompt_tokens: int, contestant: Contestant, position: int,
+            g: Generation, reference: Generation, config: DecodeConfig, encoder: Encoder) -> dict:
+    n = len(g.token_ids)
+    greedy = config.processor.is_greedy
+    difference = first_difference(g.token_ids, reference.token_ids) if greedy else None
+    return {
+        "prompt_id": prompt.id,
+        "category": prompt.category,
+        "turn": turn,
+        "strategy": contestant.name,
+        "kind": contestant.kind,
+        "order": position,
+        "prompt_tokens": prompt_tokens,
+        "new_tokens": n,
+        "finished": g.finished,
+        "time_to_first_token": g.time_to_first_token,
+        "decode_time": g.decode_time,
+        "total_time": g.total_time,
+        "tokens_per_second": n / g.total_time if g.total_time > 0 else 0.0,
+        "decode_tokens_per_second": (n - 1) / g.decode_time if n > 1 and g.decode_time > 0 else 0.0,
+        "rounds": g.rounds,
+        "mean_tokens_per_round": n / g.rounds if g.rounds else 0.0,
+        "tokens_by_round": g.tokens_by_round,
+        "drafted": g.drafted,
+        "accepted": g.accepted,
+        "tested": g.tested,
+        "drafted_by_position": g.drafted_by_position,
+        "accepted_by_position": g.accepted_by_position,
+        "target_forwards": g.target_forwards,
+        "drafter_forwards": g.drafter_forwards,
+        "identical_to_autoregressive": (difference is None) if greedy else None,
+        "first_difference": difference,
+        "token_ids": g.token_ids,
+        "text": encoder.decode(g.token_ids),
+    }

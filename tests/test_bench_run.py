@@ -1,0 +1,191 @@
+"""bench.py end to end on two tiny saved checkpoints (float32, cpu), and the HF baselines' settings.
+
+No test asserts a timing: on tiny models they are noise.
+"""
+
+import json
+import struct
+
+import pytest
+
+import bench
+from benchmarks.hf_baselines import build_hf_baselines, sampling_kwargs
+from benchmarks.report import summarize
+from benchmarks.runner import first_difference
+from sampling.base import DecodeConfig
+from sampling.registry import STRATEGIES
+from tests.tiny_checkpoint import save_tiny_checkpoint
+from utils.loading import load_model
+from utils.logits_processor import make_processor
+
+# Every strategy the default run measures is lossless: greedy output equals autoregressive output.
+LOSSLESS = tuple(s for s in STRATEGIES if s not in bench.NOT_BY_DEFAULT)
+HF = ("hf_generate", "hf_assisted", "hf_assisted_gamma", "hf_assisted_int8", "hf_universal", "hf_prompt_lookup")
+MEASUREMENT_KEYS = {
+    "prompt_id": str, "category": str, "turn": int, "strategy": str, "kind": str, "order": int,
+    "prompt_tokens": int, "new_tokens": int, "finished": bool, "time_to_first_token": float, "decode_time": float,
+    "total_time": float, "tokens_per_second": float, "decode_tokens_per_second": float, "rounds": int,
+    "mean_tokens_per_round": float, "tokens_by_round": list, "drafted": (int, type(None)),
+    "accepted": (int, type(None)), "tested": (int, type(None)), "drafted_by_position": (list, type(None)),
+    "accepted_by_position": (list, type(None)), "target_forwards": (int, type(None)),
+    "drafter_forwards": (int, type(None)), "identical_to_autoregressive": bool,
+    "first_difference": (int, type(None)), "token_ids": list, "text": str,
+}
+SUMMARY_KEYS = {"runs", "new_tokens", "total_time", "decode_time", "tokens_per_second", "decode_tokens_per_second",
+                "mean_time_to_first_token", "rounds", "mean_tokens_per_round", "drafted", "accepted", "tested",
+                "acceptance_rate", "alpha", "acceptance_by_position", "identical", "compared",
+                "speedup_vs_autoregressive", "speedup_vs_hf_generate", "decode_speedup_vs_autoregressive",
+                "speedup_bound", "efficiency"}
+
+
+@pytest.fixture(scope="module")
+def checkpoints(tmp_path_factory):
+    root = tmp_path_factory.mktemp("tiny")
+    return (save_tiny_checkpoint(root / "target", seed=0),
+            save_tiny_checkpoint(root / "drafter", seed=1, layers=1, hidden=16))
+
+
+@pytest.fixture(scope="module")
+def quick_run(checkpoints, tmp_path_factory):
+    target, drafter = checkpoints
+    out = tmp_path_factory.mktemp("bench")
+    argv = ["--quick", "--target", str(target), "--drafter", str(drafter), "--dtype", "float32", "--device", "cpu",
+            "--strategies", ",".join(LOSSLESS + HF), "--out", str(out / "run"), "--markdown",
+            str(out / "README_results.md"), "--no-progress", "--cost-repeats", "2"]
+    assert bench.main(argv) == 0
+    return out
+
+
+def test_quick_run_writes_every_file(quick_run):
+    run = quick_run / "run"
+    png = (run / "plot.png").read_bytes()
+    assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 1000
+    width, height = struct.unpack(">II", png[16:24])
+    assert width > 500 and height > 200
+    md = (quick_run / "README_results.md").read_text()
+    assert md == (run / "summary.md").read_text()
+    assert md.startswith("## Benchmark results") and "| speculative |" in md and "python bench.py --quick" in md
+
+
+def test_quick_run_json(quick_run):
+    report = json.loads((quick_run / "run" / "results.json").read_text())
+    assert set(report) == {"schema_version", "command", "machine", "config", "contestants", "skipped_contestants",
+                           "skipped_prompts", "costs", "prompts", "summary", "measurements", "files"}
+    machine = report["machine"]
+    for key in ("cpu", "torch_threads", "torch", "transformers", "dtype", "device", "date"):
+        assert machine[key] not in (None, "")
+    assert machine["dtype"] == "float32" and machine["device"] == "cpu"
+    assert isinstance(machine["torch_threads"], int)
+    config = report["config"]
+    assert config["greedy"] is True and config["max_new_tokens"] == 16 and config["gamma"] == 4
+    assert config["prompt_counts"] == {"chat": 1, "code": 1}
+
+    costs = report["costs"]
+    assert all(costs[k] > 0 for k in ("t_target_1", "t_target_verify", "t_draft_1", "draft_cost_ratio"))
+
+    # hf_universal needs a model with another tokenizer: skipped with its reason; every other one ran.
+    assert [s["name"] for s in report["skipped_contestants"]] == ["hf_universal"]
+    assert report["skipped_contestants"][0]["reason"]
+    names = [c["name"] for c in report["contestants"]]
+    assert names == [n for n in LOSSLESS + HF if n != "hf_universal"]
+
+    measurements = report["measurements"]
+    # 2 prompts: the multi-turn chat one (2 turns, both measured) and a code one: 3 turns per contestant.
+    assert len(measurements) == 3 * len(names)
+    for m in measurements:
+        assert set(m) == set(MEASUREMENT_KEYS)
+        for key, kind in MEASUREMENT_KEYS.items():
+            assert isinstance(m[key], kind), (key, m[key])
+        assert 1 <= m["new_tokens"] == len(m["token_ids"]) <= 16
+        assert m["total_time"] >= m["time_to_first_token"] > 0
+        assert sum(m["tokens_by_round"]) == m["new_tokens"]
+    for m in measurements:
+        if m["kind"] == "ours":
+            assert m["drafted"] is not None
+    assert {m["turn"] for m in measurements if m["category"] == "chat"} == {0, 1}
+
+    # float32 greedy: our lossless strategies reproduce autoregressive decoding token for token.
+    for m in measurements:
+        if m["strategy"] in LOSSLESS:
+            assert m["identical_to_autoregressive"] is True and m["first_difference"] is None, m["strategy"]
+
+    summary = report["summary"]
+    assert set(summary) == {"overall", "by_category"} and set(summary["by_category"]) == {"chat", "code"}
+    for stats in summary["overall"].values():
+        assert set(stats) == SUMMARY_KEYS
+    assert summary["overall"]["autoregressive"]["speedup_vs_autoregressive"] == pytest.approx(1.0)
+    assert summary["overall"]["hf_generate"]["speedup_vs_hf_generate"] == pytest.approx(1.0)
+    speculative = summary["overall"]["speculative"]
+    assert 0 <= speculative["alpha"] <= 1 and speculative["speedup_bound"] > 0
+    assert len(speculative["acceptance_by_position"]) == 4
+    assert set(report["costs"]["t_target_verify_by_gamma"]) >= {"4"}
+    assert summary["overall"]["hf_generate"]["alpha"] is None
+
+
+def test_hf_num_assistant_tokens_reaches_the_assistant(checkpoints):
+    """Assisted generation reads num_assistant_tokens from the assistant's generation_config, not from generate's
+    kwargs: with the target as its own drafter every draft is accepted, so rounds commit gamma + 1 tokens."""
+    target = load_model(str(checkpoints[0]), device="cpu", dtype="float32", progress=False)
+    same = load_model(str(checkpoints[0]), device="cpu", dtype="float32", progress=False)
+    baselines, skipped = build_hf_baselines(["hf_generate", "hf_assisted_gamma"], target, same, None, gamma=3,
+                                            lookup_max_ngram=3, explicit=False)
+    assert not skipped
+    config = DecodeConfig(max_new_tokens=12, end_ids=(), seed=0)
+    prompt = target.tokenizer.encode("def add(a, b):", add_special_tokens=False)
+    plain, assisted = (b.run(prompt, config) for b in baselines)
+    assert assisted.token_ids == plain.token_ids
+    assert assisted.tokens_by_round == [4, 4, 4]
+    assert same.model.generation_config.num_assistant_tokens != 3  # restored after the call
+
+
+def test_int8_baseline_skipped_in_float32_unless_named(checkpoints):
+    target = load_model(str(checkpoints[0]), device="cpu", dtype="float32", progress=False)
+    drafter = load_model(str(checkpoints[1]), device="cpu", dtype="float32", progress=False)
+    built, skipped = build_hf_baselines(["hf_assisted_int8"], target, drafter, None, gamma=4, lookup_max_ngram=3,
+                                        explicit=False)
+    assert not built and "float32" in skipped[0].reason
+    built, skipped = build_hf_baselines(["hf_assisted_int8", "hf_assisted"], target, None, None, gamma=4,
+                                        lookup_max_ngram=3, explicit=True)
+    assert not built and all(s.reason == "no drafter model loaded" for s in skipped)
+
+
+def test_sampling_kwargs_are_explicit():
+    assert sampling_kwargs(make_processor(0.0)) == {"repetition_penalty": 1.0, "num_beams": 1, "do_sample": False}
+    kwargs = sampling_kwargs(make_processor(0.7, top_p=0.9))
+    assert kwargs["do_sample"] and kwargs["temperature"] == 0.7 and kwargs["top_p"] == 0.9 and kwargs["top_k"] == 0
+
+
+def test_first_difference():
+    assert first_difference([1, 2, 3], [1, 2, 3]) is None
+    assert first_difference([1, 2, 3], [1, 5, 3]) == 1
+    assert first_difference([1, 2], [1, 2, 3]) == 2
+
+
+def test_summary_is_ratio_of_sums():
+    def m(strategy, tokens, seconds):
+        return {"category": "c", "strategy": strategy, "new_tokens": tokens, "total_time": seconds,
+                "decode_time": seconds / 2, "time_to_first_token": seconds / 2, "rounds": tokens, "drafted": None,
+                "accepted": None, "tested": None, "identical_to_autoregressive": None}
+    ms = [m("autoregressive", 10, 1.0), m("autoregressive", 30, 1.0), m("x", 20, 0.5), m("x", 20, 0.5)]
+    overall = summarize(ms, None, {}, set())["overall"]
+    assert overall["autoregressive"]["tokens_per_second"] == pytest.approx(20.0)
+    assert overall["x"]["speedup_vs_autoregressive"] == pytest.approx(2.0)
+    assert overall["x"]["speedup_vs_hf_generate"] is None
+
+
+def test_bad_flags_are_refused(capsys):
+    with pytest.raises(SystemExit):
+        bench.parse_args(["--strategies", "autoregressive,warp"])
+    assert "unknown strategies warp" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        bench.parse_args(["--no-hf", "--strategies", "hf_generate"])
+    with pytest.raises(SystemExit):
+        bench.parse_args(["--gamma", "0"])
+
+
+def test_default_selection():
+    ours, hf = bench.selected_strategies(bench.parse_args([]))
+    assert ours[0] == "autoregressive" and "drafter" not in ours and "beam" not in ours and "speculative" in ours
+    assert hf == list(HF)
+    ours, hf = bench.selected_strategies(bench.parse_args(["--no-hf", "--strategies", "lookup"]))
+    assert ours == ["autoregressive", "lookup"] and hf == []
