@@ -1,0 +1,221 @@
+"""Terminal rendering: incremental detokenisation, streamed answers (coloured by origin in debug mode), stats tables.
+
+`comparison_table(rows)` and `stats_line(stats)` are plain functions on `Stats`, for any caller that has runs to show.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from rich.console import Console
+from rich.table import Table
+from rich.text import Text
+
+from chat.session import Plan, Run
+from chat.turn import View
+from sampling.base import Round, Stats
+
+DASH = "—"
+BASELINE = "autoregressive"
+# /debug colours: drafts the target accepted, drafts it rejected (shown struck, not part of the answer), and the
+# tokens the target chose itself (the bonus/correction token of a round, or every token of a draft-free strategy).
+ACCEPTED_STYLE = "green"
+REJECTED_STYLE = "dim red strike"
+TARGET_STYLE = "yellow"
+
+
+class Detokenizer:
+    """Turns a stream of token ids into a stream of text, decoding only a short window of recent tokens.
+
+    `prefix` marks the start of the window (a few tokens of context, so tokenizers that strip a leading space see
+    one), `read` the end of what has been shown. New text is the decoded window minus the decoded context; text
+    ending in U+FFFD (a multi-byte character split across tokens) is held back until the rest arrives.
+    """
+
+    def __init__(self, tokenizer, context_ids: list[int] = (), context: int = 4):
+        self.tokenizer = tokenizer
+        self.ids = list(context_ids[-context:]) if context else []
+        self.prefix = 0
+        self.read = len(self.ids)
+
+    def push(self, ids: list[int]) -> str:
+        self.ids += ids
+        return self._advance(final=False)
+
+    def flush(self) -> str:
+        """Whatever is still held back (an incomplete character at the very end is shown as U+FFFD)."""
+        return self._advance(final=True)
+
+    def _advance(self, final: bool) -> str:
+        shown = self._decode(self.ids[self.prefix:self.read])
+        window = self._decode(self.ids[self.prefix:])
+        if len(window) <= len(shown) or (window.endswith("\ufffd") and not final):
+            return ""
+        self.prefix, self.read = self.read, len(self.ids)
+        return window[len(shown):]
+
+    def _decode(self, ids: list[int]) -> str:
+        return self.tokenizer.decode(ids, skip_special_tokens=False, clean_up_tokenization_spaces=False)
+
+
+# ---------------------------------------------------------------------------------------------
+# Stats
+
+
+@dataclass
+class ComparisonRow:
+    strategy: str
+    stats: Stats
+    token_ids: list[int] = field(default_factory=list)
+    interrupted: bool = False
+
+
+def _rate(x: float) -> str:
+    return f"{x:.1f}" if x > 0 else DASH
+
+
+def _percent(stats: Stats) -> str:
+    return f"{stats.acceptance_rate:.0%}" if stats.drafted else DASH
+
+
+def _per_round(stats: Stats) -> str:
+    # A round that is not one target forward (beam search yields once for many forwards) makes the ratio meaningless.
+    if not stats.rounds or stats.rounds != stats.target_forwards:
+        return DASH
+    return f"{stats.mean_tokens_per_round:.2f}"
+
+
+def _seconds(stats: Stats) -> str:
+    return f"{stats.time_to_first_token:.3f} s" if stats.rounds else DASH
+
+
+def speedup(stats: Stats, baseline: Stats | None) -> float | None:
+    """tokens/s over the baseline's tokens/s; None where either rate is zero or there is no baseline."""
+    if baseline is None or baseline.tokens_per_second <= 0 or stats.tokens_per_second <= 0:
+        return None
+    return stats.tokens_per_second / baseline.tokens_per_second
+
+
+def identical_to_baseline(row: ComparisonRow, baseline: ComparisonRow | None, greedy: bool) -> bool | None:
+    """Whether a greedy output equals the baseline's token for token; None where the question is meaningless."""
+    if not greedy or baseline is None or row is baseline or row.interrupted or baseline.interrupted:
+        return None
+    return row.token_ids == baseline.token_ids
+
+
+def comparison_table(rows: list[ComparisonRow], greedy: bool = True, baseline: str = BASELINE,
+                     title: str | None = None) -> Table:
+    """One row per strategy: tokens, tokens/s, speedup over `baseline`, acceptance, tokens/round, time to first
+    token, and (greedy only) whether the output is identical to the baseline's. The fastest row is highlighted."""
+    base = next((r for r in rows if r.strategy == baseline), None)
+    rates = [r.stats.tokens_per_second for r in rows if not r.interrupted]
+    fastest = max(rates) if len(rows) > 1 and rates and max(rates) > 0 else None
+    caption = f"speedup: tokens/s over {baseline}'s · same: greedy output identical to {baseline}'s"
+    table = Table(title=title, title_justify="left", caption=caption, caption_justify="left", header_style="bold")
+    table.add_column("strategy", no_wrap=True)
+    for name in ("tokens", "tok/s", "speedup", "accept", "tok/round", "TTFT"):
+        table.add_column(name, justify="right", no_wrap=True)
+    table.add_column("same", justify="center", no_wrap=True)
+    for row in rows:
+        up = speedup(row.stats, base.stats if base else None)
+        same = identical_to_baseline(row, base, greedy)
+        name = row.strategy + (" (interrupted)" if row.interrupted else "")
+        best = fastest is not None and not row.interrupted and row.stats.tokens_per_second == fastest
+        table.add_row(name, str(row.stats.new_tokens), _rate(row.stats.tokens_per_second),
+                      f"{up:.2f}×" if up is not None else DASH, _percent(row.stats), _per_round(row.stats),
+                      _seconds(row.stats), DASH if same is None else ("yes" if same else "NO"),
+                      style="bold green" if best else None)
+    return table
+
+
+def stats_line(stats: Stats) -> str:
+    parts = [f"{stats.new_tokens} tokens", f"{_rate(stats.tokens_per_second)} tok/s"]
+    if stats.drafted:
+        parts.append(f"accept {_percent(stats)}")
+    if _per_round(stats) != DASH:
+        parts.append(f"{_per_round(stats)} tok/round")
+    parts.append(f"TTFT {_seconds(stats)}")
+    return " · ".join(parts)
+
+
+def detail_table(rows: list[ComparisonRow]) -> Table:
+    """/stats: what the comparison table leaves out (forwards, decode speed, acceptance by draft position)."""
+    table = Table(header_style="bold", pad_edge=False)
+    for name, justify in (("strategy", "left"), ("rounds", "right"), ("target fwd", "right"),
+                          ("drafter fwd", "right"), ("drafted", "right"), ("decode tok/s", "right"),
+                          ("total", "right"), ("acceptance by draft position", "left")):
+        table.add_column(name, justify=justify)
+    for row in rows:
+        s = row.stats
+        by_position = " ".join(f"{a:.0%}" for a in s.acceptance_by_position) or DASH
+        table.add_row(row.strategy, str(s.rounds), str(s.target_forwards), str(s.drafter_forwards), str(s.drafted),
+                      _rate(s.decode_tokens_per_second), f"{s.total_time:.2f} s", by_position)
+    return table
+
+
+# ---------------------------------------------------------------------------------------------
+# Streaming
+
+
+class StreamPrinter:
+    """Prints one answer as its rounds arrive; in debug mode each token is coloured by where it came from."""
+
+    def __init__(self, console: Console, tokenizer, prompt_ids: list[int], end_ids: tuple[int, ...],
+                 debug: bool = False):
+        self.console, self.tokenizer, self.end_ids, self.debug = console, tokenizer, end_ids, debug
+        self.detokenizer = Detokenizer(tokenizer, prompt_ids)
+
+    def round(self, r: Round) -> None:
+        tokens = r.tokens[:-1] if r.finished and r.tokens and r.tokens[-1] in self.end_ids else r.tokens
+        if not self.debug:
+            self._print(self.detokenizer.push(tokens), None)
+            return
+        accepted = min(r.accepted, len(tokens))
+        self._print(self.detokenizer.push(tokens[:accepted]), ACCEPTED_STYLE)
+        rejected = r.drafted[r.accepted:]
+        if rejected:
+            self._print(self.tokenizer.decode(rejected, skip_special_tokens=False), REJECTED_STYLE)
+        self._print(self.detokenizer.push(tokens[accepted:]), TARGET_STYLE)
+
+    def finish(self) -> None:
+        self._print(self.detokenizer.flush(), TARGET_STYLE if self.debug else None)
+        self.console.print()
+
+    def _print(self, text: str, style: str | None) -> None:
+        if text:
+            self.console.print(Text(text, style=style or ""), end="", soft_wrap=True)
+
+
+def debug_legend() -> Text:
+    return Text.assemble(("accepted draft", ACCEPTED_STYLE), "  ", ("rejected draft", REJECTED_STYLE), "  ",
+                         ("target's own token", TARGET_STYLE))
+
+
+class ConsoleView(View):
+    """A turn on the terminal: a header per strategy, the streamed answer, a stats line under it."""
+
+    def __init__(self, console: Console, tokenizer, end_ids: tuple[int, ...], debug: bool = False):
+        self.console, self.tokenizer, self.end_ids, self.debug = console, tokenizer, end_ids, debug
+        self.printer: StreamPrinter | None = None
+
+    def notice(self, text: str) -> None:
+        self.console.print(f"⚠ {text}", style="yellow", markup=False)
+
+    def begin(self, plan: Plan) -> None:
+        self.console.print(f"prompt: {len(plan.ids)} tokens, {plan.reused} of them already in the KV cache",
+                           style="dim", markup=False)
+        if self.debug:
+            self.console.print(debug_legend())
+
+    def start(self, name: str, plan: Plan) -> None:
+        self.printer = StreamPrinter(self.console, self.tokenizer, plan.ids, self.end_ids, self.debug)
+        self.console.print(Text(name, style="bold cyan"))
+
+    def round(self, r: Round) -> None:
+        self.printer.round(r)
+
+    def end(self, run: Run) -> None:
+        if self.printer is not None:
+            self.printer.finish()
+        note = " · interrupted" if run.interrupted else ""
+        self.console.print(stats_line(run.stats) + note, style="dim", markup=False)

@@ -1,0 +1,225 @@
+"""The conversation: settings, history, chat template, and the long-lived cached models that make turns cheap.
+
+KV reuse: the session keeps one `CachedModel` per model for its whole life. Each prompt is the whole conversation
+rendered with the chat template; `CachedModel.extend` finds the longest prefix its cache already holds and feeds only
+the rest, so a new turn prefills only the new tokens. Before each strategy runs, the caches are cropped back to what
+they shared with the prompt when the turn began, so every strategy in a comparison prefills the same tokens.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from typing import Iterator
+
+from sampling.base import DecodeConfig, Round, Stats, Strategy
+from sampling.registry import NEEDS_DRAFTER, STRATEGIES, StrategySettings, build_strategy
+from utils.caching import CachedModel, common_prefix_length
+from utils.logits_processor import GreedyProcessor, LogitsProcessor
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    """What the banner, /save and the one-shot JSON say about the loaded models."""
+
+    target: str
+    drafter: str | None
+    dtype: str
+    device: str
+
+
+@dataclass(frozen=True)
+class Message:
+    role: str  # "user" | "assistant"
+    content: str
+
+
+@dataclass(frozen=True)
+class ChatSettings:
+    strategies: tuple[str, ...] = ("speculative", "autoregressive")  # enabled; the first one's answer is kept
+    strategy: StrategySettings = StrategySettings()
+    processor: LogitsProcessor = field(default_factory=GreedyProcessor)
+    max_new_tokens: int = 256
+    seed: int | None = None
+    chat_template: bool = True
+    system: str | None = None
+    ignore_eos: bool = False
+
+    def __post_init__(self):
+        if not self.strategies:
+            raise ValueError("at least one strategy must be enabled")
+        unknown = [s for s in self.strategies if s not in STRATEGIES]
+        if unknown:
+            raise ValueError(f"unknown strategy {unknown[0]!r}; choose from {', '.join(STRATEGIES)}")
+        if len(set(self.strategies)) != len(self.strategies):
+            raise ValueError("a strategy is listed twice")
+        if int(self.max_new_tokens) != self.max_new_tokens or self.max_new_tokens < 1:
+            raise ValueError(f"max new tokens must be an integer >= 1, got {self.max_new_tokens}")
+
+
+@dataclass
+class Plan:
+    """The prompt of one turn: its token ids and how many of the oldest turns were dropped to fit the context."""
+
+    ids: list[int]
+    dropped_turns: int = 0
+    reused: int = 0  # prompt tokens the target's cache already held when the turn began
+
+
+@dataclass
+class Run:
+    """One strategy's answer to one prompt."""
+
+    strategy: str
+    rounds: list[Round] = field(default_factory=list)
+    interrupted: bool = False
+
+    @property
+    def token_ids(self) -> list[int]:
+        return [t for r in self.rounds for t in r.tokens]
+
+    @property
+    def finished(self) -> bool:
+        return bool(self.rounds) and self.rounds[-1].finished
+
+    @property
+    def stats(self) -> Stats:
+        stats = Stats()
+        for r in self.rounds:
+            stats.add(r)
+        return stats
+
+
+class ChatSession:
+    def __init__(self, tokenizer, target_model, drafter_model=None, end_ids: tuple[int, ...] = (),
+                 settings: ChatSettings = ChatSettings()):
+        self.tokenizer = tokenizer
+        self.target = CachedModel(target_model)
+        self.drafter = CachedModel(drafter_model) if drafter_model is not None else None
+        self.end_ids = tuple(end_ids)
+        self.history: list[Message] = []  # what the model sees: user/assistant pairs, oldest first
+        self.settings = settings
+        self._strategies: dict[str, Strategy] = {}
+        self._reuse: dict[int, int] = {}
+        self.configure(settings)
+
+    # -- settings ---------------------------------------------------------------------------------
+
+    @property
+    def has_template(self) -> bool:
+        return bool(getattr(self.tokenizer, "chat_template", None))
+
+    def configure(self, settings: ChatSettings) -> None:
+        """Apply new settings; on a ValueError nothing changes. Strategies are rebuilt only when their settings
+        change (an n-gram store that persists across prompts lives inside its strategy)."""
+        missing = [s for s in settings.strategies if s in NEEDS_DRAFTER and self.drafter is None]
+        if missing:
+            raise ValueError(f"strategy {missing[0]!r} needs a drafter model (start with --drafter)")
+        keep = self._strategies if settings.strategy == self.settings.strategy else {}
+        built = {name: keep.get(name) or build_strategy(name, self.target, self.drafter, settings.strategy)
+                 for name in settings.strategies}
+        self._strategies = {**keep, **built}
+        self.settings = settings
+
+    def update(self, **changes) -> ChatSettings:
+        self.configure(replace(self.settings, **changes))
+        return self.settings
+
+    def update_strategy(self, **changes) -> ChatSettings:
+        return self.update(strategy=replace(self.settings.strategy, **changes))
+
+    def reset(self) -> None:
+        """Forget the conversation (and any n-gram store); the caches stay and are re-synced by the next prompt."""
+        self.history.clear()
+        self._strategies.clear()
+        self.configure(self.settings)
+
+    @property
+    def uses_template(self) -> bool:
+        return self.settings.chat_template and self.has_template
+
+    @property
+    def context_length(self) -> int:
+        """The shortest context of the models the enabled strategies use."""
+        lengths = [self.target.max_length]
+        if self.drafter is not None and any(s in NEEDS_DRAFTER for s in self.settings.strategies):
+            lengths.append(self.drafter.max_length)
+        return min(lengths)
+
+    @property
+    def context_limit(self) -> int:
+        """The longest prompt that leaves room for max_new_tokens."""
+        return self.context_length - self.settings.max_new_tokens
+
+    # -- prompts ----------------------------------------------------------------------------------
+
+    def render(self, messages: list[Message]) -> list[int]:
+        """Token ids of `messages` (after the system prompt) through the chat template, ready for the reply."""
+        chat = [{"role": "system", "content": self.settings.system}] if self.settings.system else []
+        chat += [{"role": m.role, "content": m.content} for m in messages]
+        try:
+            text = self.tokenizer.apply_chat_template(chat, tokenize=False, add_generation_prompt=True)
+        except Exception as error:  # jinja2 errors: templates raise for what they do not support
+            raise ValueError(f"the chat template rejected the conversation: {error}") from error
+        return self.tokenizer(text, add_special_tokens=False)["input_ids"]
+
+    def plan(self, user_text: str) -> Plan:
+        """The prompt for `user_text`: the conversation so far through the template (or the bare text without it),
+        dropping the oldest turns until it fits the context. Raises ValueError if even the new message alone is
+        too long."""
+        limit = self.context_limit
+        if limit < 1:
+            raise ValueError(f"max new tokens ({self.settings.max_new_tokens}) leaves no room for a prompt in the "
+                             f"model's context ({self.context_length}); lower /length")
+        if not self.uses_template:
+            ids = self.tokenizer(user_text)["input_ids"]
+            return self._fit(ids, limit, 0)
+        turns = len(self.history) // 2
+        for dropped in range(turns + 1):
+            ids = self.render(self.history[2 * dropped:] + [Message("user", user_text)])
+            if len(ids) <= limit:
+                return self._fit(ids, limit, dropped)
+        return self._fit(ids, limit, turns)
+
+    def _fit(self, ids: list[int], limit: int, dropped: int) -> Plan:
+        if not ids:
+            raise ValueError("the prompt is empty")
+        if len(ids) > limit:
+            raise ValueError(f"the prompt has {len(ids)} tokens; the context allows {limit} "
+                             f"(max positions minus {self.settings.max_new_tokens} new tokens): shorten it or "
+                             "lower /length")
+        return Plan(ids, dropped)
+
+    def begin(self, plan: Plan) -> None:
+        """Start a turn: drop the turns the plan dropped and note how much of the prompt each cache holds."""
+        del self.history[: 2 * plan.dropped_turns]
+        self._reuse = {}
+        for lm in self._models():
+            self._reuse[id(lm)] = common_prefix_length(lm.tokens, plan.ids)
+        plan.reused = self._reuse[id(self.target)]
+
+    def stream(self, name: str, plan: Plan) -> Iterator[Round]:
+        """The rounds of strategy `name` on the planned prompt, from caches cropped back to the turn's start."""
+        for lm in self._models():  # an interrupted forward leaves a cache empty (CachedModel resets itself): min()
+            lm.crop(min(len(lm.tokens), self._reuse.get(id(lm), 0)))
+        return self._strategies[name].stream(plan.ids, self.decode_config())
+
+    def decode_config(self) -> DecodeConfig:
+        s = self.settings
+        return DecodeConfig(s.max_new_tokens, s.processor, () if s.ignore_eos else self.end_ids, s.seed)
+
+    def answer_ids(self, run: Run) -> list[int]:
+        """The answer without the end token that closed it."""
+        ids = run.token_ids
+        return ids[:-1] if run.finished and ids and ids[-1] in self.end_ids else ids
+
+    def decode(self, ids: list[int]) -> str:
+        return self.tokenizer.decode(ids, skip_special_tokens=False, clean_up_tokenization_spaces=False)
+
+    def record(self, user_text: str, answer: str) -> None:
+        """Add a finished (or interrupted) turn to the history the model sees; raw completions are not chat."""
+        if self.uses_template:
+            self.history += [Message("user", user_text), Message("assistant", answer)]
+
+    def _models(self) -> list[CachedModel]:
+        return [self.target] + ([self.drafter] if self.drafter is not None else [])
+

@@ -1,0 +1,215 @@
+"""The chat session in-process: multi-turn KV reuse, fair comparisons, context overflow, Ctrl-C consistency."""
+
+from __future__ import annotations
+
+import pytest
+
+from chat.session import ChatSession, ChatSettings, Message
+from chat.turn import View, run_turn
+from sampling.registry import StrategySettings
+from tests.tiny_checkpoint import save_tiny_checkpoint
+from utils.caching import common_prefix_length
+from utils.loading import load_pair
+
+
+@pytest.fixture(scope="module")
+def pair(tmp_path_factory):
+    root = tmp_path_factory.mktemp("chat_session")
+    target = save_tiny_checkpoint(root / "target", seed=0)
+    drafter = save_tiny_checkpoint(root / "drafter", seed=1, layers=1, hidden=16)
+    return load_pair(str(target), str(drafter), device="cpu", dtype="float32", progress=False)
+
+
+@pytest.fixture(scope="module")
+def short_pair(tmp_path_factory):
+    """A target with a 96-position context, for overflow."""
+    target = save_tiny_checkpoint(tmp_path_factory.mktemp("chat_short") / "target", seed=0, max_positions=96)
+    return load_pair(str(target), None, device="cpu", dtype="float32", progress=False)
+
+
+def make_session(pair, **settings) -> ChatSession:
+    drafter = pair.drafter.model if pair.drafter else None
+    return ChatSession(pair.target.tokenizer, pair.target.model, drafter, pair.end_ids, ChatSettings(**settings))
+
+
+def count_fed_tokens(lm, cached: list[int] | None = None) -> list[int]:
+    """Record how many tokens each forward of a CachedModel is fed (and, in `cached`, how many its cache held)."""
+    fed, forward = [], lm.forward
+
+    def counting(ids, *args, **kwargs):
+        fed.append(len(ids))
+        if cached is not None:
+            cached.append(len(lm.tokens))
+        return forward(ids, *args, **kwargs)
+
+    lm.forward = counting
+    return fed
+
+
+class InterruptAt(View):
+    """Raises KeyboardInterrupt (as Ctrl-C would) after `rounds` rounds of `strategy`, or at its start if 0."""
+
+    def __init__(self, strategy: str, rounds: int):
+        self.strategy, self.rounds, self.seen, self.current = strategy, rounds, 0, None
+
+    def start(self, name, plan):
+        self.current = name
+        if name == self.strategy and self.rounds == 0:
+            raise KeyboardInterrupt
+
+    def round(self, r):
+        if self.current == self.strategy:
+            self.seen += 1
+            if self.seen == self.rounds:
+                raise KeyboardInterrupt
+
+
+def test_second_turn_prefills_only_the_new_tokens(pair):
+    session = make_session(pair, strategies=("autoregressive",), max_new_tokens=6, system="Be brief.")
+    first = run_turn(session, "Hello! How are you today?", View())
+    cached = list(session.target.tokens)
+    fed = count_fed_tokens(session.target)
+    second = run_turn(session, "What is two plus two?", View())
+    prompt = second.plan.ids
+    reusable = common_prefix_length(cached, prompt)
+    assert reusable >= len(first.plan.ids)  # the whole first prompt (system included) stays in the cache
+    assert second.plan.reused == reusable
+    assert fed[0] == len(prompt) - reusable  # the prefill feeds exactly the tokens the cache lacks
+    assert fed[1:] == [1] * (len(fed) - 1)
+    assert session.history[0] == Message("user", "Hello! How are you today?")
+    assert session.history[1] == Message("assistant", first.answer)
+    assert len(session.history) == 4
+
+
+def test_every_strategy_in_a_comparison_prefills_the_same_tokens(pair):
+    session = make_session(pair, strategies=("speculative", "autoregressive", "ngram"), max_new_tokens=5)
+    run_turn(session, "Hello!", View())
+    first_feeds = []
+
+    class FirstFeed(View):
+        def start(self, name, plan):
+            first_feeds.append(len(fed))
+
+    cached = []
+    fed = count_fed_tokens(session.target, cached)
+    turn = run_turn(session, "What is two plus two?", FirstFeed())
+    # Each strategy's first forward starts from the cache as it was when the turn began (speculative ones feed
+    # their first drafts along with the new prompt tokens).
+    assert [cached[i] for i in first_feeds] == [turn.plan.reused] * 3
+    assert turn.plan.reused > 0
+    assert fed[first_feeds[1]] == len(turn.plan.ids) - turn.plan.reused  # autoregressive: the new tokens only
+    # Greedy strategies are lossless: the same answer from each.
+    assert turn.runs[0].token_ids == turn.runs[1].token_ids == turn.runs[2].token_ids
+
+
+def test_the_first_enabled_strategy_answers_into_the_history(pair):
+    session = make_session(pair, strategies=("drafter", "autoregressive"), max_new_tokens=6)
+    turn = run_turn(session, "Hello!", View())
+    assert turn.runs[0].token_ids != turn.runs[1].token_ids  # the drafter is a different model
+    assert session.history[1].content == session.decode(session.answer_ids(turn.runs[0]))
+
+
+def test_oldest_turns_are_dropped_when_the_context_overflows(short_pair):
+    session = make_session(short_pair, strategies=("autoregressive",), max_new_tokens=8)
+    notices = []
+
+    class Notices(View):
+        def notice(self, text):
+            notices.append(text)
+
+    dropped = 0
+    for i in range(6):
+        turn = run_turn(session, f"Hello! How are you today? {i}", Notices())
+        dropped += turn.plan.dropped_turns
+        assert len(turn.plan.ids) <= 96 - 8
+    assert dropped > 0 and len(notices) > 0 and "dropped" in notices[0]
+    assert len(session.history) == 2 * (6 - dropped)
+    assert session.history[-2] == Message("user", "Hello! How are you today? 5")
+
+
+def test_a_message_longer_than_the_context_is_refused_and_changes_nothing(short_pair):
+    session = make_session(short_pair, strategies=("autoregressive",), max_new_tokens=8)
+    run_turn(session, "Hello!", View())
+    history = list(session.history)
+    with pytest.raises(ValueError, match="context allows"):
+        run_turn(session, "two plus two " * 60, View())
+    assert session.history == history
+
+
+def test_ctrl_c_keeps_the_partial_answer_and_the_caches_stay_usable(pair):
+    settings = dict(strategies=("speculative", "autoregressive"), max_new_tokens=12, ignore_eos=True)
+    session = make_session(pair, **settings)
+    turn = run_turn(session, "Hello!", InterruptAt("speculative", 3))
+    assert turn.interrupted and turn.runs[0].interrupted and len(turn.runs) == 1
+    kept = turn.runs[0].token_ids
+    assert 3 <= len(kept) < 12
+    assert session.history == [Message("user", "Hello!"), Message("assistant", session.decode(kept))]
+    # The next turn answers as a fresh session with the same history does: nothing stale in the caches.
+    after = run_turn(session, "What is two plus two?", View())
+    fresh = make_session(pair, **settings)
+    fresh.history = list(session.history[:2])
+    expected = run_turn(fresh, "What is two plus two?", View())
+    assert after.runs[0].token_ids == expected.runs[0].token_ids
+
+
+def test_ctrl_c_in_a_later_strategy_keeps_the_first_strategys_whole_answer(pair):
+    session = make_session(pair, strategies=("autoregressive", "speculative"), max_new_tokens=6, ignore_eos=True)
+    turn = run_turn(session, "Hello!", InterruptAt("speculative", 1))
+    assert not turn.runs[0].interrupted and turn.runs[1].interrupted
+    assert len(turn.runs[0].token_ids) == 6
+    assert session.history[1].content == session.decode(turn.runs[0].token_ids)
+
+
+def test_ctrl_c_before_the_first_token_drops_the_turn(pair):
+    session = make_session(pair, strategies=("autoregressive",), max_new_tokens=6)
+    turn = run_turn(session, "Hello!", InterruptAt("autoregressive", 0))
+    assert turn.interrupted and turn.answer is None and session.history == []
+
+
+def test_ctrl_c_inside_a_forward_leaves_consistent_caches(pair):
+    """Ctrl-C between two layers: one layer's cache holds the new tokens, the next does not."""
+    settings = dict(strategies=("speculative",), max_new_tokens=8, ignore_eos=True)
+    session = make_session(pair, **settings)
+    run_turn(session, "Hello!", View())
+    calls = []
+
+    def interrupt_on_third_call(module, args):
+        calls.append(1)
+        if len(calls) == 3:
+            raise KeyboardInterrupt
+
+    hook = pair.target.model.model.layers[1].register_forward_pre_hook(interrupt_on_third_call)
+    try:
+        turn = run_turn(session, "What is two plus two?", View())
+    finally:
+        hook.remove()
+    assert turn.interrupted
+    after = run_turn(session, "Thank you.", View())
+    fresh = make_session(pair, **settings)
+    fresh.history = list(session.history[:-2])
+    assert after.runs[0].token_ids == run_turn(fresh, "Thank you.", View()).runs[0].token_ids
+
+
+def test_raw_completion_has_no_template_and_no_history(pair):
+    session = make_session(pair, strategies=("autoregressive",), max_new_tokens=4, chat_template=False)
+    turn = run_turn(session, "The quick brown fox", View())
+    assert turn.plan.ids == pair.target.tokenizer("The quick brown fox")["input_ids"]
+    assert session.history == []
+
+
+def test_settings_changes_rebuild_strategies_and_keep_a_persistent_ngram_store(pair):
+    session = make_session(pair, strategies=("ngram",), max_new_tokens=4,
+                           strategy=StrategySettings(ngram_reset_each_prompt=False))
+    store = session._strategies["ngram"].drafter.store
+    session.update(strategies=("ngram", "autoregressive"))
+    assert session._strategies["ngram"].drafter.store is store  # same settings: the store survives
+    session.update_strategy(gamma=2)
+    assert session._strategies["ngram"].gamma == 2
+    with pytest.raises(ValueError):
+        session.update(strategies=())
+    assert session.settings.strategies == ("ngram", "autoregressive")
+
+
+def test_drafter_strategies_need_a_drafter(short_pair):
+    with pytest.raises(ValueError, match="needs a drafter"):
+        make_session(short_pair, strategies=("speculative",))
