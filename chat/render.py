@@ -28,8 +28,9 @@ class Detokenizer:
     """Turns a stream of token ids into a stream of text, decoding only a short window of recent tokens.
 
     `prefix` marks the start of the window (a few tokens of context, so tokenizers that strip a leading space see
-    one), `read` the end of what has been shown. New text is the decoded window minus the decoded context; text
-    ending in U+FFFD (a multi-byte character split across tokens) is held back until the rest arrives.
+    one), `read` the end of the tokens whose text is fully shown. New text is the decoded window minus the decoded
+    context. A window ending in U+FFFD ends inside a multi-byte character split across tokens: the text before it
+    is shown (`pending` characters of it), the rest waits for the tokens that complete the character.
     """
 
     def __init__(self, tokenizer, context_ids: list[int] = (), context: int = 4):
@@ -37,6 +38,7 @@ class Detokenizer:
         self.ids = list(context_ids[-context:]) if context else []
         self.prefix = 0
         self.read = len(self.ids)
+        self.pending = 0  # characters after the `read` tokens' text already shown
 
     def push(self, ids: list[int]) -> str:
         self.ids += ids
@@ -48,11 +50,14 @@ class Detokenizer:
 
     def _advance(self, final: bool) -> str:
         shown = self._decode(self.ids[self.prefix:self.read])
-        window = self._decode(self.ids[self.prefix:])
-        if len(window) <= len(shown) or (window.endswith("\ufffd") and not final):
-            return ""
-        self.prefix, self.read = self.read, len(self.ids)
-        return window[len(shown):]
+        new = self._decode(self.ids[self.prefix:])[len(shown):]
+        if new.endswith("\ufffd") and not final:
+            ready = new.rstrip("\ufffd")
+            piece, self.pending = ready[self.pending:], max(self.pending, len(ready))
+            return piece
+        piece = new[self.pending:]
+        self.prefix, self.read, self.pending = self.read, len(self.ids), 0
+        return piece
 
     def _decode(self, ids: list[int]) -> str:
         return self.tokenizer.decode(ids, skip_special_tokens=False, clean_up_tokenization_spaces=False)

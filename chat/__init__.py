@@ -1,0 +1,1 @@
+"""The terminal chat app: session (history, KV reuse), commands (dispatch table), rendering, one-shot mode."""

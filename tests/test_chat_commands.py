@@ -1,0 +1,207 @@
+"""Slash-commands in-process: each one with good and bad arguments, /help, /save, and a fuzz of the parser."""
+
+from __future__ import annotations
+
+import io
+import json
+import random
+
+import pytest
+from rich.console import Console
+
+from chat.app import ChatApp
+from chat.commands import Outcome, build_commands, dispatch, parse_processor
+from chat.session import ChatSession, ChatSettings, ModelInfo
+from sampling.registry import STRATEGIES
+from tests.tiny_checkpoint import save_tiny_checkpoint
+from utils.loading import load_pair
+from utils.logits_processor import GreedyProcessor, NucleusProcessor, TopKNucleusProcessor, TopKProcessor
+
+
+@pytest.fixture(scope="module")
+def pair(tmp_path_factory):
+    root = tmp_path_factory.mktemp("chat_commands")
+    target = save_tiny_checkpoint(root / "target", seed=0)
+    drafter = save_tiny_checkpoint(root / "drafter", seed=1, layers=1, hidden=16)
+    return load_pair(str(target), str(drafter), device="cpu", dtype="float32", progress=False)
+
+
+@pytest.fixture
+def app(pair):
+    session = ChatSession(pair.target.tokenizer, pair.target.model, pair.drafter.model, pair.end_ids,
+                          ChatSettings(max_new_tokens=4))
+    console = Console(file=io.StringIO(), width=200, color_system=None)
+    return ChatApp(session, console, ModelInfo("target", "drafter", "float32", "cpu"))
+
+
+def run(app: ChatApp, line: str) -> str:
+    """Dispatch one line; what it printed."""
+    app.console.file.seek(0)
+    app.console.file.truncate()
+    assert dispatch(app, line) is Outcome.CONTINUE
+    return app.console.file.getvalue()
+
+
+def test_help_lists_every_command_with_its_current_value(app):
+    run(app, "/gamma 7")
+    text = run(app, "/help")
+    for name in build_commands():
+        assert f"/{name}" in text
+    gamma_line = next(line for line in text.splitlines() if line.startswith("/gamma"))
+    assert gamma_line.rstrip().endswith("7")
+    assert "speculative, autoregressive" in text
+    assert "/gamma N" in run(app, "/help gamma")
+
+
+def test_every_strategy_has_a_toggle(app):
+    commands = build_commands()
+    assert all(name in commands for name in STRATEGIES)
+
+
+@pytest.mark.parametrize("line, expected, setting", [
+    ("/gamma 6", "gamma (draft length) = 6", lambda s: s.strategy.gamma == 6),
+    ("/length 9", "max new tokens = 9", lambda s: s.max_new_tokens == 9),
+    ("/seed 42", "seed = 42", lambda s: s.seed == 42),
+    ("/seed random", "seed = random", lambda s: s.seed is None),
+    ("/processor topk 0.7 20", "processor: topk temperature=0.7 top_k=20",
+     lambda s: isinstance(s.processor, TopKProcessor) and s.processor.top_k == 20),
+    ("/processor nucleus top_p=0.8", "nucleus temperature=1.0 top_p=0.8",
+     lambda s: isinstance(s.processor, NucleusProcessor) and s.processor.top_p == 0.8),
+    ("/processor greedy", "processor: greedy", lambda s: isinstance(s.processor, GreedyProcessor)),
+    ("/processor", "processor: greedy", lambda s: isinstance(s.processor, GreedyProcessor)),
+    ("/chat off", "chat template off", lambda s: not s.chat_template),
+    ("/system You are terse.", "system prompt: You are terse.", lambda s: s.system == "You are terse."),
+    ("/ngram-store one-level 4", "n-gram store: one-level, n = 4",
+     lambda s: (s.strategy.ngram_kind, s.strategy.ngram_n) == ("one-level", 4)),
+    ("/filler 3", "filler top-k = 3", lambda s: s.strategy.ngram_filler_top_k == 3),
+    ("/ngram-reset off", "persists across prompts", lambda s: not s.strategy.ngram_reset_each_prompt),
+    ("/lookup-ngram 4 2", "from 4 down to 2", lambda s: (s.strategy.lookup_max_ngram, s.strategy.lookup_min_ngram)
+     == (4, 2)),
+    ("/beams 3", "beams = 3", lambda s: s.strategy.num_beams == 3),
+    ("/ngram", "ngram on", lambda s: s.strategies == ("speculative", "autoregressive", "ngram")),
+    ("/speculative off", "speculative off", lambda s: s.strategies == ("autoregressive",)),
+    ("/strategies lookup,autoregressive", "lookup, autoregressive (history from lookup)",
+     lambda s: s.strategies == ("lookup", "autoregressive")),
+])
+def test_good_arguments_change_the_setting(app, line, expected, setting):
+    assert expected in run(app, line)
+    assert setting(app.session.settings)
+
+
+@pytest.mark.parametrize("line, expected", [
+    ("/gamma", "gamma must be an integer"),
+    ("/gamma 0", "gamma must be >= 1"),
+    ("/gamma two", "gamma must be an integer, got 'two'"),
+    ("/gamma 3 4", "expected one value"),
+    ("/length -1", "max new tokens must be >= 1"),
+    ("/length 5000", "must leave room for a prompt"),
+    ("/seed -3", "seed must be from 0"),
+    ("/processor warm", "unknown processor 'warm'"),
+    ("/processor topk 0.7 0", "top_k must be >= 1"),
+    ("/processor nucleus 1.0 1.5", "top_p must be in (0, 1]"),
+    ("/processor multinomial 0", "temperature must be > 0"),
+    ("/processor minp 1 nan", "min_p must be finite"),
+    ("/processor topk 1 2 3", "topk takes temperature, top_k; got 3 values"),
+    ("/processor topk size=3", "topk has no parameter 'size'"),
+    ("/chat maybe", "expected on or off"),
+    ("/ngram-store fancy 3", "store kind must be one of basic, one-level"),
+    ("/ngram-store basic 1", "n-gram size must be from 2"),
+    ("/ngram-store basic", "expected a kind and a size"),
+    ("/filler -1", "filler top-k must be from 0"),
+    ("/ngram-reset sometimes", "expected on or off"),
+    ("/lookup-ngram 2 3", "min n-gram must be from 1 to 2"),
+    ("/beams 0", "number of beams must be from 1"),
+    ("/beams 1000", "number of beams must be from 1 to 64"),
+    ("/strategies fast", "unknown strategy 'fast'"),
+    ("/reset now", "takes no argument"),
+    ("/save", "expected a file name"),
+    ("/save /nonexistent-dir/x.md", "cannot write"),
+])
+def test_bad_arguments_get_one_line_and_the_usage(app, line, expected):
+    before = app.session.settings
+    text = run(app, line)
+    assert expected in text and "usage: /" in text
+    assert len(text.strip().splitlines()) == 1
+    assert app.session.settings == before
+
+
+def test_the_last_strategy_cannot_be_switched_off(app):
+    run(app, "/strategies autoregressive")
+    assert "at least one strategy must stay enabled" in run(app, "/autoregressive")
+    assert app.session.settings.strategies == ("autoregressive",)
+
+
+def test_drafter_strategies_are_unavailable_without_a_drafter(pair):
+    session = ChatSession(pair.target.tokenizer, pair.target.model, None, pair.end_ids,
+                          ChatSettings(strategies=("autoregressive",)))
+    app = ChatApp(session, Console(file=io.StringIO(), width=200), ModelInfo("t", None, "float32", "cpu"))
+    assert "needs a drafter" in run(app, "/speculative")
+    assert "unavailable (no drafter)" in run(app, "/help")
+
+
+def test_unknown_commands_suggest_the_closest(app):
+    assert "unknown command /gamm; did you mean /gamma?" in run(app, "/gamm 3")
+    assert "did you mean /processor?" in run(app, "/procesor greedy")
+    assert "/help lists the commands" in run(app, "/zzzzzz")
+
+
+def test_quit_and_exit(app):
+    assert dispatch(app, "/quit") is Outcome.QUIT
+    assert dispatch(app, "/exit") is Outcome.QUIT
+
+
+def test_toggles_compare_debug_and_reset(app):
+    assert "compare off" in run(app, "/compare")
+    assert not app.compare and "speculative only (compare off)" in run(app, "/strategies")
+    assert "debug on" in run(app, "/debug on") and app.debug
+    app.ask("Hello!")
+    assert len(app.session.history) == 2
+    assert "history cleared" in run(app, "/reset")
+    assert app.session.history == [] and len(app.turns) == 1
+
+
+def test_history_stats_and_save(app, tmp_path):
+    run(app, "/system Be brief.")
+    assert "(no turns yet)" in run(app, "/history")
+    assert "no turns yet" in run(app, "/stats")
+    turn = app.ask("Hello!")
+    assert [run.strategy for run in turn.runs] == ["speculative", "autoregressive"]
+    history = run(app, "/history")
+    assert "system Be brief." in history and "user Hello!" in history and "assistant" in history
+    stats = run(app, "/stats")
+    assert "acceptance by draft position" in stats and "session" in stats
+    assert "saved 1 turns" in run(app, f"/save {tmp_path / 'chat.json'}")
+    saved = json.loads((tmp_path / "chat.json").read_text())
+    assert saved["turns"][0]["user"] == "Hello!" and saved["turns"][0]["history_from"] == "speculative"
+    assert saved["turns"][0]["results"][0]["text"] == turn.answer and saved["system"] == "Be brief."
+    run(app, f"/save {tmp_path / 'chat.md'}")
+    markdown = (tmp_path / "chat.md").read_text()
+    assert "## User\n\nHello!" in markdown and "### speculative (kept in history)" in markdown
+
+
+def test_parse_processor_defaults_and_keys():
+    p = parse_processor("topknucleus")
+    assert isinstance(p, TopKNucleusProcessor) and (p.temperature, p.top_k, p.top_p) == (1.0, 50, 0.9)
+    p = parse_processor("TOPKNUCLEUS 0.5 top-p=0.7")
+    assert (p.temperature, p.top_k, p.top_p) == (0.5, 50, 0.7)
+
+
+def test_fuzzed_command_lines_never_escape(app, tmp_path, monkeypatch):
+    """Random lines built from command names, numbers and junk: every one answers, none raises."""
+    monkeypatch.chdir(tmp_path)  # /save with a random name writes here
+    rng = random.Random(1234)
+    names = list(build_commands()) + ["", "x", "gam", "ngram-", "-", "/"]
+    words = ["on", "off", "0", "1", "-1", "2.5", "nan", "inf", "1e9", "99999999999999999999", "top_k=3",
+             "temperature=", "=", "basic", "one-level", "greedy", "topk", "minp", "x.json", "\\", "'", '"', "é",
+             "\x00", "  ", "ngram,beam", ",,", "speculative", "lookup", "autoregressive"]
+    quits = 0
+    for _ in range(1500):
+        line = "/" + rng.choice(names) + "".join(
+            rng.choice([" ", "  ", ",", ""]) + rng.choice(words) for _ in range(rng.randint(0, 4)))
+        outcome = dispatch(app, line)
+        quits += outcome is Outcome.QUIT
+        assert isinstance(outcome, Outcome)
+        settings = app.session.settings
+        assert settings.strategies and settings.max_new_tokens >= 1 and settings.strategy.gamma >= 1
+        assert set(settings.strategies) <= set(STRATEGIES)
+    assert quits > 0  # the fuzz did reach /quit (and found the rest)

@@ -1,0 +1,122 @@
+"""Incremental detokenisation and the comparison table."""
+
+from __future__ import annotations
+
+import pytest
+from rich.console import Console
+
+from chat.render import ComparisonRow, Detokenizer, comparison_table, speedup, stats_line
+from sampling.base import Round, Stats
+from tests.tiny_checkpoint import build_tokenizer
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    return build_tokenizer()
+
+
+class CountingTokenizer:
+    """Wraps a tokenizer and records the length of every decode call."""
+
+    def __init__(self, tokenizer):
+        self.tokenizer, self.lengths = tokenizer, []
+
+    def decode(self, ids, **kwargs):
+        self.lengths.append(len(ids))
+        return self.tokenizer.decode(ids, **kwargs)
+
+
+def stream(detokenizer: Detokenizer, ids: list[int], step: int = 1) -> list[str]:
+    pieces = [detokenizer.push(ids[i:i + step]) for i in range(0, len(ids), step)]
+    return pieces + [detokenizer.flush()]
+
+
+@pytest.mark.parametrize("step", [1, 3])
+def test_streamed_text_equals_the_whole_decode(tokenizer, step):
+    text = "Hello! How are you today? Zwölf Ärzte — naïve café, 東京 🚀 done."
+    ids = tokenizer(text)["input_ids"]
+    pieces = stream(Detokenizer(tokenizer), ids, step)
+    assert "".join(pieces) == tokenizer.decode(ids) == text
+    assert not any("\ufffd" in piece for piece in pieces)
+
+
+def test_a_character_split_across_tokens_is_held_back_until_complete(tokenizer):
+    ids = tokenizer("🚀")["input_ids"]  # byte-level BPE: four bytes, none merged by this corpus
+    assert len(ids) > 1 and "\ufffd" in tokenizer.decode(ids[:1])
+    detokenizer = Detokenizer(tokenizer)
+    assert [detokenizer.push([i]) for i in ids[:-1]] == [""] * (len(ids) - 1)
+    assert detokenizer.push(ids[-1:]) == "🚀"
+
+
+def test_decoding_looks_only_at_a_short_window(tokenizer):
+    counting = CountingTokenizer(tokenizer)
+    ids = tokenizer("The quick brown fox jumps over the lazy dog. " * 20)["input_ids"]
+    detokenizer = Detokenizer(counting, context_ids=[1, 2, 3, 4, 5, 6])
+    "".join(stream(detokenizer, ids))
+    assert len(ids) > 100 and max(counting.lengths) <= 6
+
+
+def test_context_tokens_are_not_shown(tokenizer):
+    prompt = tokenizer("Hello! How are")["input_ids"]
+    answer = tokenizer(" you today?")["input_ids"]
+    assert "".join(stream(Detokenizer(tokenizer, prompt), answer)) == " you today?"
+
+
+def test_text_before_a_split_character_is_not_held_back(tokenizer):
+    ids = tokenizer("ok 🚀 go")["input_ids"]
+    rocket = [i for i, t in enumerate(ids) if "\ufffd" in tokenizer.decode(ids[: i + 1])]
+    detokenizer = Detokenizer(tokenizer)
+    assert detokenizer.push(ids[: rocket[0] + 1]) == "ok "
+    assert detokenizer.push(ids[rocket[0] + 1:]) == "🚀 go"
+
+
+def test_an_incomplete_character_at_the_end_is_flushed(tokenizer):
+    ids = tokenizer("ok 🚀")["input_ids"]
+    detokenizer = Detokenizer(tokenizer)
+    shown = detokenizer.push(ids[:-1])
+    assert shown == "ok " and detokenizer.flush() == "\ufffd"
+
+
+def stats_of(rounds: list[Round]) -> Stats:
+    stats = Stats()
+    for r in rounds:
+        stats.add(r)
+    return stats
+
+
+def render(table) -> str:
+    console = Console(width=160, record=True, color_system=None, file=open("/dev/null", "w"))
+    console.print(table)
+    return console.export_text()
+
+
+def test_comparison_table_columns_speedup_and_identity():
+    base = stats_of([Round([1], elapsed=0.1), Round([2], elapsed=0.2), Round([3], elapsed=0.4)])
+    fast = stats_of([Round([1, 2, 3], drafted=[1, 2, 9], accepted=2, elapsed=0.1)])
+    rows = [ComparisonRow("speculative", fast, [1, 2, 3]), ComparisonRow("autoregressive", base, [1, 2, 3]),
+            ComparisonRow("ngram", fast, [1, 2, 4])]
+    text = render(comparison_table(rows, greedy=True))
+    spec = next(line for line in text.splitlines() if "speculative" in line)
+    assert "30.0" in spec and "4.00×" in spec and "67%" in spec and "3.00" in spec and "yes" in spec
+    ar = next(line for line in text.splitlines() if "autoregressive" in line)
+    assert "7.5" in ar and "1.00×" in ar and "—" in ar
+    assert "NO" in next(line for line in text.splitlines() if "ngram" in line)
+    assert speedup(fast, base) == pytest.approx(4.0)
+
+
+def test_comparison_table_is_zero_safe():
+    empty = Stats()
+    rows = [ComparisonRow("speculative", empty), ComparisonRow("beam", stats_of([Round([5, 6], target_forwards=4)]))]
+    text = render(comparison_table(rows, greedy=False))
+    assert "speculative" in text and "beam" in text
+    assert speedup(empty, None) is None and speedup(empty, empty) is None
+    beam = next(line for line in text.splitlines() if "beam" in line)
+    assert beam.count("—") >= 4  # tok/s (zero time), speedup, acceptance, tokens/round (one round, four forwards)
+    assert stats_line(empty).startswith("0 tokens")
+
+
+def test_the_fastest_row_is_highlighted():
+    slow = stats_of([Round([1], elapsed=1.0)])
+    fast = stats_of([Round([1, 2], elapsed=0.5)])
+    table = comparison_table([ComparisonRow("autoregressive", slow), ComparisonRow("lookup", fast)])
+    assert [row.style for row in table.rows] == [None, "bold green"]
