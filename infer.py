@@ -173,22 +173,25 @@ def main(argv: list[str] | None = None) -> int:
     one_shot = args.prompt is not None or args.prompt_file is not None
     # --json: stdout carries the JSON object only; the console, progress and stray prints go to stderr.
     console = Console(stderr=args.json, highlight=False)
+    errors = Console(stderr=True, highlight=False)
+    json_out = sys.stdout if args.json else None  # the real stdout, before it is redirected
     try:
         check_flags(args)
         prompt = read_prompt(args)
         if prompt is not None and not prompt.strip():
             raise InputError("the prompt is empty")
         with contextlib.redirect_stdout(sys.stderr) if args.json else contextlib.nullcontext():
-            return run(args, console, prompt, one_shot)
+            return run(args, console, errors, prompt, one_shot, json_out)
     except InputError as error:
-        console.print(f"infer.py: error: {error}", style="red", markup=False)
+        errors.print(f"infer.py: error: {error}", style="red", markup=False, soft_wrap=True)
         return USAGE_EXIT
     except KeyboardInterrupt:
-        console.print("interrupted", style="yellow")
+        errors.print("interrupted", style="yellow")
         return INTERRUPTED_EXIT
 
 
-def run(args: argparse.Namespace, console: Console, prompt: str | None, one_shot: bool) -> int:
+def run(args: argparse.Namespace, console: Console, errors: Console, prompt: str | None, one_shot: bool,
+        json_out) -> int:
     if not args.verbose:
         quiet_libraries()
     from chat.app import ChatApp
@@ -200,7 +203,7 @@ def run(args: argparse.Namespace, console: Console, prompt: str | None, one_shot
         choice = choose_models(args, resolve_preset)
         strategies = parse_strategies(args.strategy, choice.drafter is not None)
         if not one_shot:
-            console.print(f"loading {choice.target}" + (f" + {choice.drafter}" if choice.drafter else "") + " …",
+            errors.print(f"loading {choice.target}" + (f" + {choice.drafter}" if choice.drafter else "") + " …",
                           style="dim", markup=False)
         pair = load_pair(choice.target, choice.drafter, device=choice.device, dtype=args.dtype,
                          target_quantize=choice.target_quantize, drafter_quantize=choice.drafter_quantize,
@@ -209,18 +212,21 @@ def run(args: argparse.Namespace, console: Console, prompt: str | None, one_shot
     except ModelLoadError as error:
         if args.verbose:
             raise
-        console.print(f"infer.py: error: {error}", style="red", markup=False)
+        errors.print(f"infer.py: error: {error}", style="red", markup=False, soft_wrap=True)
         return LOAD_EXIT
     settings = make_settings(args, strategies)
     if settings.chat_template and not pair.target.tokenizer.chat_template:
-        console.print("the target's tokenizer has no chat template: raw completion", style="yellow")
+        errors.print("the target's tokenizer has no chat template: raw completion", style="yellow")
     parameter = next(pair.target.model.parameters())
     info = ModelInfo(target=pair.target.name, drafter=pair.drafter.name if pair.drafter else None,
                      dtype=str(parameter.dtype).removeprefix("torch."), device=str(parameter.device))
     session = ChatSession(pair.target.tokenizer, pair.target.model, pair.drafter.model if pair.drafter else None,
                           pair.end_ids, settings)
     if one_shot:
-        return run_oneshot(session, info, prompt, console, args.json)
+        try:
+            return run_oneshot(session, info, prompt, console, json_out)
+        except ValueError as error:  # the prompt does not fit the context
+            raise InputError(str(error)) from None
     app = ChatApp(session, console, info, HISTORY_FILE, compare=not args.no_compare, debug=args.debug)
     return app.run()
 

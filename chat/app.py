@@ -13,7 +13,7 @@ from rich.panel import Panel
 from rich.table import Table
 
 from chat.commands import Outcome, build_commands, describe_processor, dispatch, running
-from chat.render import ComparisonRow, ConsoleView, comparison_table
+from chat.render import ConsoleView, comparison_table, turn_rows
 from chat.session import ChatSession, ModelInfo
 from chat.turn import Turn, run_turn
 
@@ -76,17 +76,14 @@ class ChatApp:
         try:
             turn = run_turn(self.session, text, view, strategies)
         except ValueError as error:
-            self.console.print(str(error), style="yellow", markup=False)
+            self.console.print(str(error), style="yellow", markup=False, soft_wrap=True)
             return None
         self.turns.append(turn)
         if len(turn.runs) > 1:
-            self.console.print(comparison_table(self.rows(turn), settings.processor.is_greedy))
+            self.console.print(comparison_table(turn_rows(turn), settings.processor.is_greedy))
         if turn.interrupted:
-            self.console.print(interrupt_notice(turn), style="yellow", markup=False)
+            self.console.print(interrupt_notice(turn), style="yellow", markup=False, soft_wrap=True)
         return turn
-
-    def rows(self, turn: Turn) -> list[ComparisonRow]:
-        return [ComparisonRow(run.strategy, run.stats, run.token_ids, run.interrupted) for run in turn.runs]
 
     def totals(self) -> dict[str, tuple[int, int, float]]:
         """Per strategy: turns, tokens and seconds over the whole session."""

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Callable
 from rich.markup import escape
 from rich.table import Table
 
-from chat.render import comparison_table, detail_table
+from chat.render import comparison_table, detail_table, turn_rows
 from chat.session import ChatSession
 from sampling.drafters.ngram import STORE_KINDS
 from sampling.registry import NEEDS_DRAFTER, STRATEGIES
@@ -331,7 +331,7 @@ def _stats(app: ChatApp, arg: str) -> None:
     if not app.turns:
         app.console.print("no turns yet")
         return
-    rows = app.rows(app.turns[-1])
+    rows = turn_rows(app.turns[-1])
     app.console.print(comparison_table(rows, app.session.settings.processor.is_greedy, title="last turn"))
     app.console.print(detail_table(rows))
     totals = Table(title="session", title_justify="left", header_style="bold", pad_edge=False)
@@ -461,15 +461,15 @@ def dispatch(app: ChatApp, line: str) -> Outcome:
     """Run one slash-command line. Bad input gets one line (and the usage); nothing but /quit ends the session."""
     name, _, arg = line.strip().removeprefix("/").partition(" ")
     if not name:
-        app.console.print("type a command after the slash; /help lists them", style="yellow", markup=False)
+        app.console.print("type a command after the slash; /help lists them", style="yellow", markup=False, soft_wrap=True)
         return Outcome.CONTINUE
     try:
         command = find(app.commands, name)
     except UsageError as error:
-        app.console.print(str(error), style="yellow", markup=False)
+        app.console.print(str(error), style="yellow", markup=False, soft_wrap=True)
         return Outcome.CONTINUE
     try:
         return command.handler(app, arg.strip()) or Outcome.CONTINUE
     except ValueError as error:  # UsageError, and the engine's own checks (processor parameters, settings)
-        app.console.print(f"/{command.name}: {error}  (usage: {command.usage})", style="yellow", markup=False)
+        app.console.print(f"/{command.name}: {error}  (usage: {command.usage})", style="yellow", markup=False, soft_wrap=True)
         return Outcome.CONTINUE

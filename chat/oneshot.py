@@ -1,13 +1,13 @@
-"""One prompt, no REPL: for scripts. With `as_json`, stdout gets exactly one JSON object and nothing else."""
+"""One prompt, no REPL: for scripts. In JSON mode the JSON output gets exactly one object and nothing else."""
 
 from __future__ import annotations
 
 import json
-import sys
+from typing import TextIO
 
 from rich.console import Console
 
-from chat.render import ComparisonRow, ConsoleView, comparison_table
+from chat.render import ConsoleView, comparison_table, turn_rows
 from chat.session import ChatSession, ModelInfo, Run
 from chat.turn import Turn, View, run_turn
 
@@ -35,18 +35,15 @@ def turn_json(session: ChatSession, info: ModelInfo, turn: Turn) -> dict:
             "prompt_tokens": len(turn.plan.ids), "results": [result_json(session, run) for run in turn.runs]}
 
 
-def run_oneshot(session: ChatSession, info: ModelInfo, text: str, console: Console, as_json: bool) -> int:
-    """Run `text` through every enabled strategy; the answers stream to `console`, or come as one JSON object."""
+def run_oneshot(session: ChatSession, info: ModelInfo, text: str, console: Console, json_out: TextIO | None) -> int:
+    """Run `text` through every enabled strategy; the answers stream to `console`, or with `json_out` come as one
+    JSON object written there. Raises ValueError if the prompt does not fit the context."""
+    as_json = json_out is not None
     view = View() if as_json else ConsoleView(console, session.tokenizer, session.end_ids)
-    try:
-        turn = run_turn(session, text, view)
-    except ValueError as error:
-        console.print(f"error: {error}", style="red", markup=False)
-        return 2
+    turn = run_turn(session, text, view)
     if as_json:
-        sys.stdout.write(json.dumps(turn_json(session, info, turn), ensure_ascii=False) + "\n")
-        sys.stdout.flush()
+        json_out.write(json.dumps(turn_json(session, info, turn), ensure_ascii=False) + "\n")
+        json_out.flush()
     elif len(turn.runs) > 1:
-        rows = [ComparisonRow(run.strategy, run.stats, run.token_ids, run.interrupted) for run in turn.runs]
-        console.print(comparison_table(rows, session.settings.processor.is_greedy))
+        console.print(comparison_table(turn_rows(turn), session.settings.processor.is_greedy))
     return INTERRUPTED_EXIT if turn.interrupted else 0

@@ -12,7 +12,7 @@ from rich.table import Table
 from rich.text import Text
 
 from chat.session import Plan, Run
-from chat.turn import View
+from chat.turn import Turn, View
 from sampling.base import Round, Stats
 
 DASH = "—"
@@ -73,6 +73,10 @@ class ComparisonRow:
     stats: Stats
     token_ids: list[int] = field(default_factory=list)
     interrupted: bool = False
+
+
+def turn_rows(turn: Turn) -> list[ComparisonRow]:
+    return [ComparisonRow(run.strategy, run.stats, run.token_ids, run.interrupted) for run in turn.runs]
 
 
 def _rate(x: float) -> str:
@@ -204,7 +208,7 @@ class ConsoleView(View):
         self.printer: StreamPrinter | None = None
 
     def notice(self, text: str) -> None:
-        self.console.print(f"⚠ {text}", style="yellow", markup=False)
+        self.console.print(f"⚠ {text}", style="yellow", markup=False, soft_wrap=True)
 
     def begin(self, plan: Plan) -> None:
         self.console.print(f"prompt: {len(plan.ids)} tokens, {plan.reused} of them already in the KV cache",
