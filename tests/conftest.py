@@ -4,6 +4,8 @@ import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
+torch.set_num_threads(1)  # tiny models: threading costs more than it saves, and CI has two cores
+
 
 def tiny_model(vocab_size: int = 97, seed: int = 0, layers: int = 2, hidden: int = 32, dtype=torch.float64,
                max_positions: int = 512) -> LlamaForCausalLM:
