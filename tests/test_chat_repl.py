@@ -121,6 +121,12 @@ def test_a_session_in_the_real_repl(repl):
     repl.expect(r"gamma \(draft length\) = 3")
     repl.expect(PROMPT)
 
+    repl.line("/system Be\\")  # a trailing backslash continues the line
+    repl.line("brief.")
+    repl.expect("system prompt: Be\nbrief.")
+    repl.line("/system off")
+    repl.expect("no system prompt")
+
     repl.send("half a line")  # Ctrl-C at the prompt clears the line: nothing is sent
     repl.send("\x03")
     repl.expect(PROMPT)

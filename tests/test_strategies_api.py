@@ -1,0 +1,101 @@
+"""The shared strategy API: bad input gets a clear error before any work, stats are zero-safe and consistent,
+every registered strategy streams rounds that add up to its result."""
+
+import pytest
+import torch
+
+from sampling.base import DecodeConfig, Round, Stats, clip
+from sampling.drafters.ngram import NGramDrafter, NGramStore
+from sampling.drafters.prompt_lookup import PromptLookupDrafter
+from sampling.registry import STRATEGIES, StrategySettings, build_strategy
+from sampling.speculative import Speculative
+from utils.caching import CachedModel
+from utils.logits_processor import GreedyProcessor
+
+PROMPT = [2, 7, 1, 8, 2, 8]
+
+
+@pytest.mark.parametrize("gamma", [0, -1, 1.5])
+def test_bad_gamma(target_model, gamma):
+    with pytest.raises(ValueError, match="gamma"):
+        Speculative(CachedModel(target_model), NGramDrafter(), gamma)
+
+
+@pytest.mark.parametrize("max_new", [-1, 2.5])
+def test_bad_max_new_tokens(max_new):
+    with pytest.raises(ValueError, match="max_new_tokens"):
+        DecodeConfig(max_new_tokens=max_new)
+
+
+@pytest.mark.parametrize("name", STRATEGIES)
+def test_prompt_longer_than_the_context_is_refused_up_front(target_model, small_drafter_model, name):
+    target, drafter = CachedModel(target_model), CachedModel(small_drafter_model)
+    strategy = build_strategy(name, target, drafter)
+    too_long = [1] * target_model.config.max_position_embeddings
+    with pytest.raises(ValueError, match=f"{len(too_long)} tokens"):
+        next(iter(strategy.stream(too_long, DecodeConfig(max_new_tokens=4))))
+    with pytest.raises(ValueError, match="empty"):
+        next(iter(strategy.stream([], DecodeConfig(max_new_tokens=4))))
+    assert target.cache.get_seq_length() == 0  # nothing was run
+
+
+def test_unknown_strategy_and_missing_drafter(target_model):
+    with pytest.raises(ValueError, match="unknown strategy"):
+        build_strategy("medusa", CachedModel(target_model), None)
+    with pytest.raises(ValueError, match="needs a drafter"):
+        build_strategy("speculative", CachedModel(target_model), None)
+
+
+@pytest.mark.parametrize("name", STRATEGIES)
+def test_rounds_add_up_to_the_result(target_model, small_drafter_model, name):
+    strategy = build_strategy(name, CachedModel(target_model), CachedModel(small_drafter_model),
+                              StrategySettings(gamma=3))
+    config = DecodeConfig(max_new_tokens=17)
+    rounds = list(strategy.stream(PROMPT, config))
+    result = strategy.generate(PROMPT, config)
+    assert [t for r in rounds for t in r.tokens] == result.token_ids
+    assert result.stats.new_tokens == len(result.token_ids) == 17
+    assert all(r.accepted <= len(r.drafted) for r in rounds)
+    assert [r.elapsed for r in rounds] == sorted(r.elapsed for r in rounds)
+    assert result.stats.time_to_first_token <= result.stats.total_time
+
+
+def test_stats_are_zero_safe_and_count_positions():
+    empty = Stats()
+    assert (empty.acceptance_rate, empty.mean_tokens_per_round, empty.tokens_per_second,
+            empty.decode_tokens_per_second, empty.acceptance_by_position) == (0.0, 0.0, 0.0, 0.0, [])
+    stats = Stats()
+    stats.add(Round([1, 2, 3], drafted=[1, 2, 9], accepted=2, elapsed=0.5))
+    stats.add(Round([4], drafted=[5], accepted=0, elapsed=1.0))
+    stats.add(Round([6, 7], drafted=[6], accepted=1, elapsed=2.0))
+    assert stats.acceptance_rate == pytest.approx(3 / 5)
+    assert stats.mean_tokens_per_round == 2.0
+    assert stats.acceptance_by_position == [2 / 3, 1.0, 0.0]
+    assert stats.time_to_first_token == 0.5 and stats.tokens_per_second == 3.0
+    assert stats.decode_tokens_per_second == pytest.approx(5 / 1.5)
+    assert set(stats.as_dict()) >= {"acceptance_rate", "tokens_per_second", "acceptance_by_position"}
+
+
+def test_clip_stops_at_the_earliest_end_and_the_budget():
+    assert clip([5, 6, 7, 6], (7, 6), budget=10) == ([5, 6], True)
+    assert clip([5, 6, 7], (9,), budget=2) == ([5, 6], False)
+    assert clip([5, 6, 7], (7,), budget=2) == ([5, 6], False)
+
+
+def test_ngram_store_backs_off_to_shorter_contexts():
+    store = NGramStore(n=3, kind="basic")
+    store.add([1, 2, 3, 1, 2, 4, 1, 2, 4, 9, 2, 5])
+    assert store.next_token([1, 2]) == 4  # seen twice after (1, 2), once 3
+    assert store.next_token([7, 9]) == 2  # (7, 9) never seen: backs off to (9,), followed by 2
+    one_level = NGramStore(n=3, kind="one-level")
+    one_level.add([1, 2, 3, 1, 2, 4, 1, 2, 4, 9, 2, 5])
+    assert one_level.next_token([7, 9]) is None
+    assert store.chain([0, 1, 2], 3) == [4, 1, 2]
+
+
+def test_prompt_lookup_copies_the_latest_match():
+    drafter = PromptLookupDrafter(max_ngram=2, min_ngram=1)
+    drafter.start([])
+    ids = [5, 6, 7, 8, 1, 5, 6, 9, 9, 5, 6]
+    assert drafter.propose(ids, 3, GreedyProcessor(), None).tokens == [9, 9, 5]
+    assert drafter.propose(ids + [4], 3, GreedyProcessor(), None).tokens == []
