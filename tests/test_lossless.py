@@ -14,8 +14,10 @@ from conftest import tiny_model
 from sampling.autoregressive import Autoregressive
 from sampling.base import DecodeConfig
 from sampling.drafters.base import Draft, Drafter
+from sampling.drafters.combined import CombinedDrafter
 from sampling.drafters.model import ModelDrafter
 from sampling.drafters.ngram import NGramDrafter
+from sampling.drafters.prompt_lookup import PromptLookupDrafter
 from sampling.speculative import Speculative
 from sampling.verify import accept_stochastic
 from utils.caching import CachedModel
@@ -59,11 +61,15 @@ PROCESSORS = {
 
 @pytest.mark.parametrize("processor_name, drafter_name", [
     ("temperature", "model"), ("top-k+top-p", "model"), ("top-p", "cyclic"), ("top-k", "ngram"),
+    ("temperature", "auto"),
 ])
 def test_speculative_sampling_follows_the_target_distribution(toy_target, toy_drafter, processor_name, drafter_name):
     processor = PROCESSORS[processor_name]
     drafter = {"model": lambda: ModelDrafter(CachedModel(toy_drafter), VOCAB), "cyclic": CyclicDrafter,
-               "ngram": lambda: NGramDrafter(2)}[drafter_name]()
+               "ngram": lambda: NGramDrafter(2),
+               "auto": lambda: CombinedDrafter(PromptLookupDrafter(2, 1),
+                                               ModelDrafter(CachedModel(toy_drafter), VOCAB, 0.3, True), 2, 1),
+               }[drafter_name]()
     strategy = Speculative(CachedModel(toy_target), drafter, gamma=2)
     expected = exact_sequence_distribution(toy_target, PROMPT, LENGTH, processor)
     stat, critical = chi_square_test(sample_many(strategy, processor), expected)

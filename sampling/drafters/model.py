@@ -15,15 +15,25 @@ class ModelDrafter(Drafter):
 
     Its cache is re-synced at the start of each proposal with `CachedModel.extend`: after a rejection it is cropped
     to the common prefix, after an all-accepted round the last draft and the bonus token are fed.
+
+    Two ways to spend fewer drafter forwards on tokens the target will reject (neither changes the output):
+    `confidence`: stop drafting once the drafter's probability of its own token falls below it (HF's
+    assistant_confidence_threshold); `adaptive`: HF's heuristic schedule, the draft length grows by 2 after an
+    all-accepted round and shrinks by 1 otherwise, within [1, k].
     """
 
     name = "model"
 
-    def __init__(self, lm: CachedModel, vocab_size: int):
+    def __init__(self, lm: CachedModel, vocab_size: int, confidence: float = 0.0, adaptive: bool = False):
+        if not 0 <= confidence < 1:
+            raise ValueError(f"draft confidence threshold must be in [0, 1), got {confidence}")
         self.lm = lm
         # The target's output size: drafter logits are cut or padded to it (embedding sizes differ by padding;
         # that both share one tokenizer is checked when the pair is loaded).
         self.vocab_size = vocab_size
+        self.confidence, self.adaptive = confidence, adaptive
+        self.draft_length: int | None = None  # the adaptive schedule's current length
+        self.proposed = 0
 
     @property
     def forwards(self) -> int:
@@ -33,20 +43,35 @@ class ModelDrafter(Drafter):
     def max_length(self) -> int:
         return self.lm.max_length
 
+    def start(self, prompt_ids: list[int]) -> None:
+        self.draft_length = None
+
     def propose(self, ids: list[int], k: int, processor: LogitsProcessor, generator: torch.Generator | None) -> Draft:
+        if self.adaptive:
+            self.draft_length = k if self.draft_length is None else min(self.draft_length, k)
+            k = self.draft_length
         tokens, probs = [], []
         logits = self.lm.extend(ids)  # (1, V_drafter)
         for i in range(k):
             logits = self._align(logits)
             if processor.is_greedy:
-                token = int(logits.argmax(-1))  # greedy verification never reads q: no softmax
+                token = int(logits.argmax(-1))  # greedy verification never reads q: no softmax unless asked
+                sure = not self.confidence or logits.softmax(-1)[0, token] >= self.confidence
             else:
                 probs.append(processor.probs(logits))
                 token = int(processor.sample(probs[-1], generator))
+                sure = probs[-1][0, token] >= self.confidence
             tokens.append(token)
-            if i + 1 < k:
-                logits = self.lm.forward([token])
+            if i + 1 == k or not sure:
+                break
+            logits = self.lm.forward([token])
+        self.proposed = len(tokens)
         return Draft(tokens, torch.cat(probs) if probs else None)
+
+    def feedback(self, ids: list[int], accepted: int, target_logits: Tensor) -> None:
+        if self.adaptive and self.draft_length is not None:
+            grow = accepted == self.proposed
+            self.draft_length = self.draft_length + 2 if grow else max(1, self.draft_length - 1)
 
     def _align(self, logits: Tensor) -> Tensor:
         """Drafter logits over the target's vocabulary: extra (padding) rows cut, missing ones -inf."""
