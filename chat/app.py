@@ -12,7 +12,7 @@ from rich.console import Console
 from rich.panel import Panel
 from rich.table import Table
 
-from chat.commands import Outcome, build_commands, describe_processor, dispatch, running
+from chat.commands import Outcome, build_commands, describe_processor, dispatch, running, warn
 from chat.render import ConsoleView, comparison_table, turn_rows
 from chat.session import ChatSession, ModelInfo
 from chat.turn import Turn, run_turn
@@ -75,14 +75,17 @@ class ChatApp:
         view = ConsoleView(self.console, self.session.tokenizer, self.session.end_ids, self.debug)
         try:
             turn = run_turn(self.session, text, view, strategies)
-        except ValueError as error:
-            self.console.print(str(error), style="yellow", markup=False, soft_wrap=True)
+        except ValueError as error:  # the prompt does not fit the context
+            warn(self, str(error))
+            return None
+        except RuntimeError as error:  # out of memory and the like: this turn is lost, the session is not
+            warn(self, f"generation failed: {error}")
             return None
         self.turns.append(turn)
         if len(turn.runs) > 1:
             self.console.print(comparison_table(turn_rows(turn), settings.processor.is_greedy))
         if turn.interrupted:
-            self.console.print(interrupt_notice(turn), style="yellow", markup=False, soft_wrap=True)
+            warn(self, interrupt_notice(turn))
         return turn
 
     def totals(self) -> dict[str, tuple[int, int, float]]:

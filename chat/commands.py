@@ -461,15 +461,20 @@ def dispatch(app: ChatApp, line: str) -> Outcome:
     """Run one slash-command line. Bad input gets one line (and the usage); nothing but /quit ends the session."""
     name, _, arg = line.strip().removeprefix("/").partition(" ")
     if not name:
-        app.console.print("type a command after the slash; /help lists them", style="yellow", markup=False, soft_wrap=True)
+        warn(app, "type a command after the slash; /help lists them")
         return Outcome.CONTINUE
     try:
         command = find(app.commands, name)
     except UsageError as error:
-        app.console.print(str(error), style="yellow", markup=False, soft_wrap=True)
+        warn(app, str(error))
         return Outcome.CONTINUE
     try:
         return command.handler(app, arg.strip()) or Outcome.CONTINUE
     except ValueError as error:  # UsageError, and the engine's own checks (processor parameters, settings)
-        app.console.print(f"/{command.name}: {error}  (usage: {command.usage})", style="yellow", markup=False, soft_wrap=True)
+        warn(app, f"/{command.name}: {error}  (usage: {command.usage})")
         return Outcome.CONTINUE
+
+
+def warn(app: ChatApp, text: str) -> None:
+    """One line, however narrow the terminal (the terminal wraps it, not rich)."""
+    app.console.print(text, style="yellow", markup=False, soft_wrap=True)

@@ -126,6 +126,7 @@ def test_a_session_in_the_real_repl(repl):
     repl.expect("system prompt: Be\nbrief.")
     repl.line("/system off")
     repl.expect("no system prompt")
+    repl.expect(PROMPT)
 
     repl.send("half a line")  # Ctrl-C at the prompt clears the line: nothing is sent
     repl.send("\x03")
