@@ -67,9 +67,9 @@ def build_parser() -> argparse.ArgumentParser:
     decoding.add_argument("--max-new-tokens", "-n", "--n-predict", type=int, default=256, metavar="N",
                           help="max new tokens per answer")
     decoding.add_argument("--temperature", "--temp", type=float, default=0.0, metavar="T", help="0 = greedy")
-    decoding.add_argument("--top-k", type=int, metavar="K", help="keep the K most likely tokens (with --temperature > 0)")
-    decoding.add_argument("--top-p", type=float, metavar="P", help="nucleus sampling threshold (with --temperature > 0)")
-    decoding.add_argument("--min-p", type=float, metavar="P", help="min-p sampling threshold (with --temperature > 0)")
+    decoding.add_argument("--top-k", type=int, metavar="K", help="top-k sampling (with --temperature > 0)")
+    decoding.add_argument("--top-p", type=float, metavar="P", help="nucleus sampling (with --temperature > 0)")
+    decoding.add_argument("--min-p", type=float, metavar="P", help="min-p sampling (with --temperature > 0)")
     decoding.add_argument("--seed", "-s", type=int, metavar="N", help="sampling seed (default: random)")
     decoding.add_argument("--num-beams", type=int, default=4, metavar="N", help="beam width for the beam strategy")
     decoding.add_argument("--ignore-eos", action="store_true", help="keep generating past end tokens")
@@ -81,7 +81,8 @@ def build_parser() -> argparse.ArgumentParser:
     oneshot = p.add_argument_group("one-shot (no REPL)")
     source = oneshot.add_mutually_exclusive_group()
     source.add_argument("--prompt", "-p", metavar="TEXT", help="run this prompt and exit")
-    source.add_argument("--prompt-file", "--file", "-f", type=Path, metavar="PATH", help="run this file's text and exit")
+    source.add_argument("--prompt-file", "--file", "-f", type=Path, metavar="PATH",
+                        help="run this file's text and exit")
     oneshot.add_argument("--json", action="store_true", help="print exactly one JSON object on stdout "
                                                               "(everything else goes to stderr)")
     p.add_argument("--verbose", "-v", action="store_true", help="library warnings and tracebacks")

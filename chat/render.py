@@ -119,7 +119,7 @@ def comparison_table(rows: list[ComparisonRow], greedy: bool = True, baseline: s
     base = next((r for r in rows if r.strategy == baseline), None)
     rates = [r.stats.tokens_per_second for r in rows if not r.interrupted]
     fastest = max(rates) if len(rows) > 1 and rates and max(rates) > 0 else None
-    caption = f"speedup: tokens/s over {baseline}'s · same: greedy output identical to {baseline}'s"
+    caption = f"speedup: tokens/s over {baseline}'s · same: greedy output identical to it"
     table = Table(title=title, title_justify="left", caption=caption, caption_justify="left", header_style="bold")
     table.add_column("strategy", no_wrap=True)
     for name in ("tokens", "tok/s", "speedup", "accept", "tok/round", "TTFT"):

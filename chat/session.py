@@ -2,8 +2,10 @@
 
 KV reuse: the session keeps one `CachedModel` per model for its whole life. Each prompt is the whole conversation
 rendered with the chat template; `CachedModel.extend` finds the longest prefix its cache already holds and feeds only
-the rest, so a new turn prefills only the new tokens. Before each strategy runs, the caches are cropped back to what
-they shared with the prompt when the turn began, so every strategy in a comparison prefills the same tokens.
+the rest, so a new turn prefills only the new tokens. Before each strategy runs, the caches it feeds are cropped back
+to what they shared with the prompt when the turn began, so every strategy in a comparison prefills the same tokens.
+Caches a strategy does not feed are left alone: cropping the drafter's before an autoregressive run would throw away
+the turn the drafter just saw, and it would prefill the whole conversation again next turn.
 """
 
 from __future__ import annotations
@@ -199,9 +201,10 @@ class ChatSession:
 
     def stream(self, name: str, plan: Plan) -> Iterator[Round]:
         """The rounds of strategy `name` on the planned prompt, from caches cropped back to the turn's start."""
-        for lm in self._models():  # an interrupted forward leaves a cache empty (CachedModel resets itself): min()
+        strategy = self._strategies[name]
+        for lm in fed_models(strategy):  # an interrupted forward leaves a cache empty (CachedModel resets it): min()
             lm.crop(min(len(lm.tokens), self._reuse.get(id(lm), 0)))
-        return self._strategies[name].stream(plan.ids, self.decode_config())
+        return strategy.stream(plan.ids, self.decode_config())
 
     def decode_config(self) -> DecodeConfig:
         s = self.settings
@@ -223,3 +226,21 @@ class ChatSession:
     def _models(self) -> list[CachedModel]:
         return [self.target] + ([self.drafter] if self.drafter is not None else [])
 
+
+def fed_models(obj, depth: int = 3) -> list[CachedModel]:
+    """The cached models a strategy feeds: its own, its drafter's (found among the attributes of `sampling` objects,
+    so a new strategy or drafter is covered without a list to keep up to date)."""
+    if isinstance(obj, CachedModel):
+        return [obj]
+    if depth == 0:
+        return []
+    if isinstance(obj, dict):
+        children = list(obj.values())
+    elif isinstance(obj, (list, tuple)):
+        children = list(obj)
+    elif type(obj).__module__.startswith("sampling."):
+        children = list(vars(obj).values())
+    else:
+        return []
+    found = {id(lm): lm for child in children for lm in fed_models(child, depth - 1)}
+    return list(found.values())

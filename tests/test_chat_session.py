@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from chat.session import ChatSession, ChatSettings, Message
+from chat.session import ChatSession, ChatSettings, Message, fed_models
 from chat.turn import View, run_turn
 from sampling.registry import StrategySettings
 from tests.tiny_checkpoint import save_tiny_checkpoint
@@ -100,6 +100,27 @@ def test_every_strategy_in_a_comparison_prefills_the_same_tokens(pair):
     assert fed[first_feeds[1]] == len(turn.plan.ids) - turn.plan.reused  # autoregressive: the new tokens only
     # Greedy strategies are lossless: the same answer from each.
     assert turn.runs[0].token_ids == turn.runs[1].token_ids == turn.runs[2].token_ids
+
+
+def test_a_cache_is_cropped_only_before_strategies_that_feed_it(pair):
+    """Regression: cropping every cache before every strategy emptied the drafter's whenever autoregressive ran after
+    speculative, so the drafter re-prefilled the whole conversation each turn."""
+    session = make_session(pair, strategies=("speculative", "autoregressive"), max_new_tokens=5)
+    first = run_turn(session, "Hello!", View())
+    assert len(session.drafter.tokens) >= len(first.plan.ids)
+    cached = []
+    fed = count_fed_tokens(session.drafter, cached)
+    second = run_turn(session, "What is two plus two?", View())
+    assert cached[0] >= len(first.plan.ids)  # the drafter kept the first turn
+    assert fed[0] == len(second.plan.ids) - cached[0]
+
+
+def test_fed_models_finds_each_strategys_caches(pair):
+    session = make_session(pair, strategies=("speculative", "autoregressive", "drafter", "ngram", "beam"))
+    target, drafter = session.target, session.drafter
+    fed = {name: fed_models(session._strategies[name]) for name in session.settings.strategies}
+    assert fed == {"speculative": [target, drafter], "autoregressive": [target], "drafter": [drafter],
+                   "ngram": [target], "beam": []}
 
 
 def test_the_first_enabled_strategy_answers_into_the_history(pair):
