@@ -187,7 +187,8 @@ def main(argv: list[str] | None = None) -> int:
     context_limit = min(getattr(m.config, "max_position_embeddings", None) or 1 << 31 for m in models)
     encoder = Encoder(
         encode=lambda messages: chat_ids(tokenizer, messages),
-        decode=lambda ids: tokenizer.decode([t for t in ids if t not in end_ids], skip_special_tokens=True))
+        decode=lambda ids: tokenizer.decode([t for t in ids if t not in end_ids], skip_special_tokens=True,
+                                            clean_up_tokenization_spaces=False))
     run_settings = RunSettings(config, warmup_tokens=4 if args.quick else 8, context_limit=context_limit,
                                progress=not args.no_progress)
     measurements, skipped_prompts = run_benchmark(prompts, contestants, encoder, run_settings)

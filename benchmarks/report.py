@@ -271,6 +271,7 @@ def plot(report: dict, path: Path) -> None:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
 
     summary = report["summary"]
     categories = [*summary["by_category"], ALL]
@@ -291,6 +292,7 @@ def plot(report: dict, path: Path) -> None:
         if s["acceptance_by_position"]:
             positions = range(1, len(s["acceptance_by_position"]) + 1)
             right.plot(positions, s["acceptance_by_position"], marker="o", label=name)
+    right.xaxis.set_major_locator(MaxNLocator(integer=True))
     right.set_ylim(0, 1.05)
     right.set_xlabel("draft position")
     right.set_ylabel("share of rounds accepting it")
