@@ -13,6 +13,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Iterator
 
+from jinja2 import TemplateError
+
 from sampling.base import DecodeConfig, Round, Stats, Strategy
 from sampling.registry import NEEDS_DRAFTER, STRATEGIES, StrategySettings, build_strategy
 from utils.caching import CachedModel, common_prefix_length
@@ -141,11 +143,9 @@ class ChatSession:
 
     @property
     def context_length(self) -> int:
-        """The shortest context of the models the enabled strategies use."""
-        lengths = [self.target.max_length]
-        if self.drafter is not None and any(s in NEEDS_DRAFTER for s in self.settings.strategies):
-            lengths.append(self.drafter.max_length)
-        return min(lengths)
+        """The shortest context of the models the enabled strategies use (the target's at most)."""
+        fed = [lm for name in self.settings.strategies for lm in fed_models(self._strategies[name])]
+        return min([self.target.max_length] + [lm.max_length for lm in fed])
 
     @property
     def context_limit(self) -> int:
@@ -160,7 +160,7 @@ class ChatSession:
         chat += [{"role": m.role, "content": m.content} for m in messages]
         try:
             text = self.tokenizer.apply_chat_template(chat, tokenize=False, add_generation_prompt=True)
-        except Exception as error:  # jinja2 errors: templates raise for what they do not support
+        except (TemplateError, ValueError) as error:  # templates raise for what they do not support
             raise ValueError(f"the chat template rejected the conversation: {error}") from error
         return self.tokenizer(text, add_special_tokens=False)["input_ids"]
 

@@ -154,7 +154,9 @@ def test_toggles_compare_debug_and_reset(app):
     assert "compare off" in run(app, "/compare")
     assert not app.compare and "speculative only (compare off)" in run(app, "/strategies")
     assert "debug on" in run(app, "/debug on") and app.debug
-    app.ask("Hello!")
+    turn = app.ask("Hello!")
+    assert [r.strategy for r in turn.runs] == ["speculative"]  # compare off: the first strategy only
+    assert "accepted draft" in app.console.file.getvalue()  # the debug legend
     assert len(app.session.history) == 2
     assert "history cleared" in run(app, "/reset")
     assert app.session.history == [] and len(app.turns) == 1

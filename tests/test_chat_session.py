@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 
 from chat.session import ChatSession, ChatSettings, Message, fed_models
@@ -209,6 +211,18 @@ def test_ctrl_c_inside_a_forward_leaves_consistent_caches(pair):
     fresh = make_session(pair, **settings)
     fresh.history = list(session.history[:-2])
     assert after.runs[0].token_ids == run_turn(fresh, "Thank you.", View()).runs[0].token_ids
+
+
+def test_a_template_that_rejects_the_conversation_is_one_clear_error(pair):
+    tokenizer = copy.deepcopy(pair.target.tokenizer)
+    tokenizer.chat_template = ("{% for m in messages %}{% if m['role'] == 'system' %}"
+                               "{{ raise_exception('System role not supported') }}{% endif %}{{ m['content'] }}"
+                               "{% endfor %}")
+    session = ChatSession(tokenizer, pair.target.model, None, pair.end_ids,
+                          ChatSettings(strategies=("autoregressive",), system="Be brief."))
+    with pytest.raises(ValueError, match="the chat template rejected the conversation: System role not supported"):
+        run_turn(session, "Hello!", View())
+    assert session.history == []
 
 
 def test_raw_completion_has_no_template_and_no_history(pair):
