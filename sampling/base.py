@@ -44,6 +44,7 @@ class Round:
     drafter_forwards: int = 0
     elapsed: float = 0.0  # seconds from the start of the generation to the end of this round
     finished: bool = False  # an end token was committed (the output is complete)
+    pool_hits: int = 0  # accepted drafts that came from an n-gram pool (lookahead: rather than its Jacobi window)
 
 
 @dataclass
@@ -56,6 +57,7 @@ class Stats:
     accepted_by_position: list[int] = field(default_factory=list)
     target_forwards: int = 0
     drafter_forwards: int = 0
+    pool_hits: int = 0
     time_to_first_token: float = 0.0
     total_time: float = 0.0
 
@@ -73,6 +75,7 @@ class Stats:
             self.accepted_by_position[i] += i < r.accepted
         self.target_forwards += r.target_forwards
         self.drafter_forwards += r.drafter_forwards
+        self.pool_hits += r.pool_hits
         self.total_time = r.elapsed
 
     @property

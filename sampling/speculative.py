@@ -5,11 +5,13 @@ from __future__ import annotations
 from typing import Iterator
 
 import torch
+from torch import Tensor
 
 from sampling.base import Clock, DecodeConfig, Round, Strategy, check_prompt, clip
-from sampling.drafters.base import Drafter
-from sampling.verify import accept_greedy, accept_stochastic
+from sampling.drafters.base import Draft, Drafter
+from sampling.verify import accept_greedy, accept_stochastic, accept_tree_greedy, accept_tree_stochastic
 from utils.caching import CachedModel
+from utils.logits_processor import LogitsProcessor
 
 
 class Speculative(Strategy):
@@ -25,23 +27,41 @@ class Speculative(Strategy):
         ids, budget = list(prompt_ids), config.max_new_tokens
         self.drafter.start(ids)
         while budget > 0:
-            drafter_forwards = self.drafter.forwards
-            # 1. Draft: never more than the budget can take after the target's own token.
+            drafter_forwards, pool_hits = self.drafter.forwards, self.drafter.pool_hits
+            # 1. Draft: a chain or a tree; no deeper than the budget can take after the target's own token.
             draft = self.drafter.propose(ids, min(self.gamma, budget - 1), processor, generator)
-            x = torch.tensor(draft.tokens, dtype=torch.long, device=self.target.device)
-            # 2. Verify all drafts and the bonus position in one target forward.
-            logits = self.target.extend(ids + draft.tokens, keep=len(draft) + 1)  # (k+1, V)
-            # 3. Accept.
-            if processor.is_greedy:
-                accepted, token = accept_greedy(x, logits)
-            else:
-                accepted, token = accept_stochastic(x, processor.probs(logits), draft.q, generator)
-            tokens, finished = clip(draft.tokens[:accepted] + [token], config.end_ids, budget)
+            # 2. Verify every drafted token and the bonus position in one target forward: (1 + len(draft), V).
+            logits = (self.target.extend(ids + draft.tokens, keep=len(draft) + 1) if draft.parents is None
+                      else self.target.extend_tree(ids, draft.tokens, draft.parents))
+            # 3. Accept: a prefix of the chain, a path of the tree.
+            path, token = accept(draft, logits, processor, generator)
+            tokens, finished = clip([draft.tokens[i] for i in path] + [token], config.end_ids, budget)
+            start = len(ids)
             ids += tokens
             budget -= len(tokens)
-            # 4. Roll back: the target's cache keeps every committed token but the last.
-            self.target.crop(len(ids) - 1)
-            self.drafter.feedback(ids, accepted, logits)
-            yield Round(tokens, draft.tokens, accepted, 1, self.drafter.forwards - drafter_forwards, clock(), finished)
+            # 4. Roll back: the target's cache keeps every committed token but the last (a tree's path moved in place).
+            self.target.keep(start, [start + i for i in path[: len(tokens) - 1]])
+            self.drafter.feedback(ids, len(path), logits)
+            yield Round(tokens, draft.line(path), len(path), 1, self.drafter.forwards - drafter_forwards, clock(),
+                        finished, self.drafter.pool_hits - pool_hits)
             if finished:
                 return
+
+
+def accept(draft: Draft, logits: Tensor, processor: LogitsProcessor,
+           generator: torch.Generator | None) -> tuple[list[int], int]:
+    """The accepted drafts as indices into `draft.tokens` (a prefix of a chain, a path of a tree), and the token to
+    commit after them."""
+    x = torch.tensor(draft.tokens, dtype=torch.long, device=logits.device)
+    if draft.parents is None:
+        if processor.is_greedy:
+            accepted, token = accept_greedy(x, logits)
+        else:
+            accepted, token = accept_stochastic(x, processor.probs(logits), draft.q, generator)
+        return draft.path(accepted - 1), token
+    parents = torch.tensor(draft.parents, dtype=torch.long, device=logits.device)
+    if processor.is_greedy:
+        last, token = accept_tree_greedy(x, parents, logits)
+    else:
+        last, token = accept_tree_stochastic(x, parents, processor.probs(logits), generator)
+    return draft.path(last), token

@@ -50,3 +50,61 @@ def accept_stochastic(x: Tensor, p: Tensor, q: Tensor | None, generator: torch.G
     choices = torch.multinomial(next_dist, 1, generator=generator).squeeze(-1)  # (k+1,), no sync yet
     n, token = torch.stack([n, choices[n]]).tolist()
     return n, token
+
+
+# Token trees: several deterministic candidates verified in one forward (lookahead's n-grams and Jacobi window).
+# x: (T,) tokens; parents: (T,) each token's parent (< its own index), -1 for the root, i.e. the last committed token.
+# The target's rows are the root's first, then one per token: row i + 1 is token i. Both functions return
+# (the last accepted token's index, -1 for none; the token to commit after it).
+
+
+def accept_tree_greedy(x: Tensor, parents: Tensor, target_logits: Tensor) -> tuple[int, int]:
+    """The deepest token whose whole path from the root equals the target's argmax; then emit the target's argmax.
+
+    target_logits: (T+1, V).
+    """
+    best = target_logits.argmax(-1)  # (T+1,)
+    match = torch.cat([best.new_ones(1, dtype=torch.bool), x == best[parents + 1]])  # (T+1,)
+    on_path, depth = _along_paths(match, parents)
+    row = torch.where(on_path, depth, -1).argmax()
+    row, token = torch.stack([row, best[row]]).tolist()
+    return row - 1, token
+
+
+def accept_tree_stochastic(x: Tensor, parents: Tensor, p: Tensor, generator: torch.Generator | None) -> tuple[int, int]:
+    """The deterministic-draft rule tried on several candidates (SpecInfer's multi-round rejection, one-hot drafts).
+
+    From the root, a node's children are tried in index order: each is accepted with probability p(x) under the
+    node's p with the tokens already rejected there removed and renormalised (a repeated token: probability 0); the
+    first accepted child becomes the node. Where every child is rejected (at a leaf: none to try), the token is
+    sampled from p with all the children's tokens removed. Every trial draws its own uniform, so the committed
+    tokens follow p exactly. p: (T+1, V) target probabilities.
+    """
+    t = len(x)
+    rows = parents + 1  # (T,) the row each token is verified at
+    p_x = p[rows, x]  # (T,)
+    earlier = torch.ones(t, t, dtype=torch.bool, device=p.device).tril(-1)
+    before = (rows[:, None] == rows[None, :]) & earlier  # (T, T) [i, j]: j is an earlier sibling of i
+    repeat = (before & (x[:, None] == x[None, :])).any(-1)  # (T,) an earlier sibling has the same token
+    removed = (before & ~repeat).to(p.dtype) @ p_x  # (T,) mass already rejected at the parent
+    u = torch.rand(t, generator=generator, device=p.device, dtype=p.dtype)
+    accepted = ~repeat & (u * (1 - removed).clamp_min(0.0) < p_x)  # u < p_x / (1 - removed)
+    taken = accepted & ~(before & accepted).any(-1)  # the first accepted child of each node
+    on_path, depth = _along_paths(torch.cat([taken.new_ones(1), taken]), parents)
+    residual = p.index_put((rows, x), p.new_zeros(()))  # each row without its children's tokens
+    mass = residual.sum(-1, keepdim=True)
+    residual = torch.where(mass > 0, residual / mass.clamp_min(torch.finfo(p.dtype).tiny), p)  # 0/0 guard as above
+    choices = torch.multinomial(residual, 1, generator=generator).squeeze(-1)  # (T+1,), no sync yet
+    row = torch.where(on_path, depth, -1).argmax()
+    row, token = torch.stack([row, choices[row]]).tolist()
+    return row - 1, token
+
+
+def _along_paths(flag: Tensor, parents: Tensor) -> tuple[Tensor, Tensor]:
+    """Per row (root first): whether `flag` holds on every row from the root to it, and its depth (pointer jumping:
+    after s steps each row has folded in its 2**s nearest ancestors; the root is its own parent)."""
+    up = torch.cat([parents.new_zeros(1), parents + 1])  # (T+1,) parent row
+    depth = (up != torch.arange(len(up), device=up.device)).long()
+    for _ in range(max(len(up) - 1, 1).bit_length()):
+        flag, depth, up = flag & flag[up], depth + depth[up], up[up]
+    return flag, depth

@@ -26,6 +26,23 @@ def select_rows(cache: DynamicCache, rows: Tensor) -> None:
     cache.reorder_cache(rows)
 
 
+def tree_attention(parents: list[int]) -> tuple[Tensor, Tensor]:
+    """A token tree's attention and positions: node i follows node `parents[i]` (< i), or the root for -1.
+
+    Returns `sees` (T, T) bool, True where node j is node i or one of its ancestors, and each node's depth (T,),
+    1 for the root's children.
+    """
+    sees = torch.eye(len(parents), dtype=torch.bool)
+    depth = [0] * len(parents)
+    for i, parent in enumerate(parents):
+        if not -1 <= parent < i:
+            raise ValueError(f"tree node {i} has parent {parent}: parents must come first (-1: the root)")
+        if parent >= 0:
+            sees[i] |= sees[parent]
+        depth[i] = depth[parent] + 1 if parent >= 0 else 1
+    return sees, torch.tensor(depth, dtype=torch.long)
+
+
 def common_prefix_length(a: list[int], b: list[int]) -> int:
     n = min(len(a), len(b))
     if a[:n] == b[:n]:
@@ -64,8 +81,8 @@ class CachedModel:
     def forward(self, ids: list[int], keep: int = 1, **model_kwargs) -> Tensor:
         """Feed `ids` after the cached tokens; logits of the last `keep` positions, (keep, V), float32 or wider.
 
-        `model_kwargs` (a 4D `attention_mask`, `position_ids`) are for strategies that feed tree-shaped input; they
-        must crop the cache back to committed tokens afterwards.
+        `model_kwargs` (a 4D `attention_mask`, `position_ids`) are for tree-shaped input (`extend_tree`); the cache
+        must then be brought back to committed tokens (`keep`).
         """
         start = len(self.tokens)
         if "position_ids" not in model_kwargs:
@@ -93,3 +110,44 @@ class CachedModel:
         reuse = min(common_prefix_length(self.tokens, seq), len(seq) - keep)
         self.crop(reuse)
         return self.forward(seq[reuse:], keep)
+
+    def extend_tree(self, seq: list[int], tree: list[int], parents: list[int]) -> Tensor:
+        """`extend(seq)`, then a token tree after its last token in the same forward; (1 + len(tree), V) logits.
+
+        Row 0 is the last token of `seq`, row 1 + i tree node `tree[i]`, which sees `seq` and its own ancestors
+        (`tree_attention(parents)`) at position len(seq) - 1 + depth. The cache then holds the tree's rows after `seq`:
+        `keep` the accepted ones.
+        """
+        sees, depth = tree_attention(parents)
+        if len(seq) + (int(depth.max()) if len(tree) else 0) > self.max_length:
+            raise ValueError(f"{len(seq)} tokens and a tree draft exceed the model's context of {self.max_length}")
+        reuse = min(common_prefix_length(self.tokens, seq), len(seq) - 1)
+        self.crop(reuse)
+        fresh = len(seq) - reuse
+        allowed = torch.ones(fresh + len(tree), len(seq) + len(tree), dtype=torch.bool)  # (new rows, all columns)
+        allowed[:fresh, reuse:] = allowed[:fresh, reuse:].tril()  # causal over the fresh tokens, blind to the tree
+        allowed[fresh:, len(seq):] = sees
+        dtype = self.model.dtype  # an additive float mask: eager attention adds it, SDPA takes it as is
+        mask = torch.zeros(allowed.shape, dtype=dtype).masked_fill(~allowed, torch.finfo(dtype).min)
+        positions = torch.cat([torch.arange(reuse, len(seq)), len(seq) - 1 + depth])
+        return self.forward(seq[reuse:] + tree, 1 + len(tree), attention_mask=mask[None, None].to(self.device),
+                            position_ids=positions[None].to(self.device))
+
+    def keep(self, length: int, rows: list[int]) -> None:
+        """Keep the first `length` cached tokens, then the cached rows `rows` (ascending, >= length) moved up behind
+        them: after a tree forward, the accepted path. Rows length, length + 1, ... make this a plain `crop`.
+
+        Exact: a tree node's keys and values depend only on its ancestors, and its position (by depth) is the one the
+        path gives it in the sequence.
+        """
+        moved = next((i for i, r in enumerate(rows) if r != length + i), len(rows))
+        if moved < len(rows):
+            src = torch.tensor(rows[moved:], device=self.device)
+            dst = slice(length + moved, length + len(rows))
+            for layer in self.cache.layers:  # no public Cache API moves positions; full-attention layers only
+                if layer.is_sliding:
+                    raise NotImplementedError("moving cached rows needs full-attention cache layers")
+                layer.keys[..., dst, :] = layer.keys[..., src, :]
+                layer.values[..., dst, :] = layer.values[..., src, :]
+            self.tokens[dst] = [self.tokens[r] for r in rows[moved:]]
+        self.crop(length + len(rows))

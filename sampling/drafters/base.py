@@ -14,16 +14,45 @@ from utils.logits_processor import LogitsProcessor
 
 @dataclass
 class Draft:
+    """A chain of tokens, or a tree of them: with `parents`, token i follows token parents[i] (< i), or the last
+    committed token for -1, and the target verifies every path at once (`CachedModel.extend_tree`)."""
+
     tokens: list[int]
     q: Tensor | None = None  # (len(tokens), V) drafter probabilities; None: a deterministic draft (one-hot)
+    parents: list[int] | None = None  # None: a chain, token i follows token i - 1
+
+    def __post_init__(self):
+        if self.parents is not None and (self.q is not None or len(self.parents) != len(self.tokens)):
+            raise ValueError("a tree draft needs one parent per token and is deterministic (no q)")
 
     def __len__(self) -> int:
         return len(self.tokens)
+
+    def path(self, last: int) -> list[int]:
+        """Indices of the tokens from the root to token `last` (-1: none)."""
+        if self.parents is None:
+            return list(range(last + 1))
+        path = []
+        while last >= 0:
+            path.append(last)
+            last = self.parents[last]
+        return path[::-1]
+
+    def line(self, path: list[int]) -> list[int]:
+        """The tokens of the candidate that `path` belongs to: `path`, then first children down to a leaf."""
+        if self.parents is None:
+            return self.tokens
+        nodes, last = list(path), path[-1] if path else -1
+        while last in self.parents:
+            last = self.parents.index(last)
+            nodes.append(last)
+        return [self.tokens[i] for i in nodes]
 
 
 class Drafter(ABC):
     name: str
     forwards: int = 0  # model forward passes spent drafting (0 for drafters without a model)
+    pool_hits: int = 0  # accepted tokens that came from an n-gram pool, for drafters that have other sources too
     max_length: int = 1 << 31  # the longest context the drafter can take
 
     def start(self, prompt_ids: list[int]) -> None:
@@ -35,4 +64,5 @@ class Drafter(ABC):
 
     def feedback(self, ids: list[int], accepted: int, target_logits: Tensor) -> None:
         """The round committed: `ids` is now the whole committed sequence; `accepted` drafts were kept;
-        `target_logits` (k+1, V) are the target's logits at the verified positions."""
+        `target_logits` (k+1, V) are the target's logits at the verified positions (a tree: its root, then each
+        token, whether it was accepted or not)."""
