@@ -19,7 +19,8 @@ from utils.logits_processor import GreedyProcessor, MultinomialProcessor, TopKPr
 
 PROMPT = [5, 17, 42, 8, 5, 17, 42, 9, 33, 5, 17]  # repetitive: the pool has something to offer
 MAX_NEW = 40
-SHAPES = [(3, 3, 2), (4, 4, 3), (2, 2, 1), (5, 3, 0), (3, 5, 4)]  # (W, N, G)
+DEFAULT = (StrategySettings.lookahead_window, StrategySettings.lookahead_ngram, StrategySettings.lookahead_candidates)
+SHAPES = [DEFAULT, (3, 3, 2), (4, 4, 3), (2, 2, 1), (5, 3, 0), (3, 5, 4)]  # (W, N, G)
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -67,7 +68,7 @@ def test_greedy_lookahead_equals_greedy_autoregressive(target_model, reference, 
 
 def test_both_branches_are_accepted_from(target_model):
     """On the default shape both the pool's n-grams and the Jacobi window's own guesses get accepted."""
-    stats = lookahead(target_model, (3, 3, 2)).generate(PROMPT, DecodeConfig(max_new_tokens=MAX_NEW)).stats
+    stats = lookahead(target_model, DEFAULT).generate(PROMPT, DecodeConfig(max_new_tokens=MAX_NEW)).stats
     assert 0 < stats.pool_hits < stats.accepted
     assert stats.mean_tokens_per_round > 1.3
 

@@ -48,14 +48,19 @@ class NGramStore:
                 for t in tokens:
                     followers[t] += weight
 
-    def next_token(self, context: list[int]) -> int | None:
-        """The most frequent follower of the longest known suffix of `context` (ties: the earliest seen)."""
+    def followers(self, context: list[int]) -> dict[int, float]:
+        """The counts of what followed the longest known suffix of `context` (empty if none is known)."""
         for order in self.orders:
             if len(context) >= order:
                 followers = self.counts.get(tuple(context[len(context) - order:]))
                 if followers:
-                    return max(followers, key=followers.__getitem__)
-        return None
+                    return followers
+        return {}
+
+    def next_token(self, context: list[int]) -> int | None:
+        """The most frequent follower of the longest known suffix of `context` (ties: the earliest seen)."""
+        followers = self.followers(context)
+        return max(followers, key=followers.__getitem__) if followers else None
 
     def chain(self, context: list[int], k: int) -> list[int]:
         context, out = list(context[-(self.n - 1):]), []
@@ -66,6 +71,20 @@ class NGramStore:
             out.append(token)
             context = context[1:] + [token] if len(context) == self.n - 1 else context + [token]
         return out
+
+    def continuations(self, context: list[int], k: int, count: int) -> list[list[int]]:
+        """Up to `count` different chains of up to `k` tokens: a beam search over the store, each chain scored by the
+        product of its tokens' frequencies among their followers. `count=1` gives `chain(context, k)`."""
+        context, beams = list(context[-(self.n - 1):]), [(1.0, [])]
+        for _ in range(k):
+            grown = []
+            for score, chain in beams:
+                followers = self.followers(context + chain)
+                total = sum(followers.values())
+                ranked = sorted(followers.items(), key=lambda item: -item[1])[:count]  # stable: ties earliest seen
+                grown += [(score * c / total, chain + [t]) for t, c in ranked] or [(score, chain)]
+            beams = sorted(grown, key=lambda beam: -beam[0])[:count]
+        return [chain for _, chain in beams if chain]
 
 
 class NGramDrafter(Drafter):
