@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from sampling.autoregressive import Autoregressive
 from sampling.base import Strategy
 from sampling.beam_search import BeamSearch
+from sampling.drafters.combined import CombinedDrafter
 from sampling.drafters.lookahead import LookaheadDrafter
 from sampling.drafters.model import ModelDrafter
 from sampling.drafters.ngram import NGramDrafter
@@ -14,13 +15,20 @@ from sampling.drafters.prompt_lookup import PromptLookupDrafter
 from sampling.speculative import Speculative
 from utils.caching import CachedModel
 
-STRATEGIES = ("autoregressive", "speculative", "drafter", "ngram", "lookup", "lookahead", "beam")
-NEEDS_DRAFTER = ("speculative", "drafter")
+STRATEGIES = ("autoregressive", "speculative", "auto", "drafter", "ngram", "lookup", "lookahead", "beam")
+NEEDS_DRAFTER = ("speculative", "auto", "drafter")
 
 
 @dataclass(frozen=True)
 class StrategySettings:
     gamma: int = 4
+    # The draft model: stop drafting below this confidence (0: never); HF's grow/shrink draft-length schedule.
+    draft_confidence: float = 0.0
+    draft_adaptive: bool = False
+    # auto: prompt lookup drafts up to copy_gamma tokens where it matches at least auto_min_match tokens of context;
+    # the draft model (gamma tokens) elsewhere.
+    copy_gamma: int = 8
+    auto_min_match: int = 2
     ngram_n: int = 3
     ngram_kind: str = "basic"
     ngram_filler_top_k: int = 0
@@ -54,12 +62,19 @@ def build_strategy(name: str, target: CachedModel, drafter: CachedModel | None,
         return Autoregressive(drafter, name="drafter")
     if name == "beam":
         return BeamSearch(target.model, s.num_beams, s.beam_top_k, s.length_penalty, s.min_length)
+
+    def model_drafter():
+        return ModelDrafter(drafter, target.vocab_size, s.draft_confidence, s.draft_adaptive)
+
     drafters = {
-        "speculative": lambda: ModelDrafter(drafter, target.vocab_size),
+        "speculative": model_drafter,
+        "auto": lambda: CombinedDrafter(PromptLookupDrafter(s.lookup_max_ngram, s.auto_min_match), model_drafter(),
+                                        s.gamma),
         "ngram": lambda: NGramDrafter(s.ngram_n, s.ngram_kind, s.ngram_filler_top_k, s.ngram_reset_each_prompt),
         "lookup": lambda: PromptLookupDrafter(s.lookup_max_ngram, s.lookup_min_ngram),
         "lookahead": lambda: LookaheadDrafter(s.lookahead_window, s.lookahead_ngram, s.lookahead_candidates,
                                               s.ngram_reset_each_prompt),
     }
-    gamma = s.lookahead_ngram - 1 if name == "lookahead" else s.gamma  # lookahead's candidates are N-1 long
+    # Lookahead's candidates are N-1 long; auto's loop length is lookup's, the draft model keeps its own gamma.
+    gamma = {"lookahead": s.lookahead_ngram - 1, "auto": max(s.copy_gamma, s.gamma)}.get(name, s.gamma)
     return Speculative(target, drafters[name](), gamma, name=name)
