@@ -19,7 +19,7 @@ from rich.console import Console
 
 from sampling.registry import NEEDS_DRAFTER, STRATEGIES, StrategySettings
 
-DEFAULT_STRATEGIES = ("speculative", "autoregressive")
+DEFAULT_STRATEGIES = ("auto", "speculative", "autoregressive")
 HISTORY_FILE = Path("~/.cache/specchat/history").expanduser()
 USAGE_EXIT, LOAD_EXIT, INTERRUPTED_EXIT = 2, 1, 130
 

@@ -11,6 +11,7 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 
 from sampling.base import DecodeConfig, Stats, Strategy
+from sampling.drafters.combined import CombinedDrafter
 from utils.caching import CachedModel
 
 
@@ -60,7 +61,9 @@ class OurStrategy(Contestant):
         self.strategy, self.models, self.settings = strategy, models, settings
         self.name = strategy.name
         self.uses_drafter_model = uses_drafter_model
-        self.gamma: int | None = getattr(strategy, "gamma", None)  # draft length of speculative strategies
+        # Draft length of speculative strategies; none for a mixed drafter (auto), which one gamma does not describe.
+        mixed = isinstance(getattr(strategy, "drafter", None), CombinedDrafter)
+        self.gamma: int | None = None if mixed else getattr(strategy, "gamma", None)
 
     def run(self, prompt_ids: list[int], config: DecodeConfig) -> Generation:
         for lm in self.models:

@@ -147,10 +147,10 @@ def test_a_session_in_the_real_repl(repl):
     repl.line("/length 90000")
     repl.expect("max new tokens = 90000")
     repl.line("Tell me more")
-    repl.expect(r"(?s)\nspeculative\n.{8}")  # wait until the answer is streaming, however slow the machine
+    repl.expect(r"(?s)\nauto\n.{8}")  # wait until the answer is streaming, however slow the machine
     repl.send("\x03")
     notice = repl.expect(r"in the history")
-    assert "interrupted: kept the partial answer of speculative" in notice
+    assert "interrupted: kept the partial answer of auto" in notice
     assert "autoregressive\n" not in notice  # the rest of the turn was skipped
     repl.expect(PROMPT)
     repl.line("/history")

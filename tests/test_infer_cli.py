@@ -69,7 +69,7 @@ def test_a_model_load_error_exits_1_with_one_line_and_no_traceback(capsys, tmp_p
 
 def test_default_strategies_drop_the_drafter_ones_without_a_drafter():
     assert infer.parse_strategies(None, has_drafter=False) == ("autoregressive",)
-    assert infer.parse_strategies(None, has_drafter=True) == ("speculative", "autoregressive")
+    assert infer.parse_strategies(None, has_drafter=True) == ("auto", "speculative", "autoregressive")
 
 
 def test_preset_and_overrides(monkeypatch):
