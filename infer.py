@@ -223,6 +223,7 @@ def run(args: argparse.Namespace, console: Console, errors: Console, prompt: str
                      dtype=str(parameter.dtype).removeprefix("torch."), device=str(parameter.device))
     session = ChatSession(pair.target.tokenizer, pair.target.model, pair.drafter.model if pair.drafter else None,
                           pair.end_ids, settings)
+    session.warm_up()
     if one_shot:
         try:
             return run_oneshot(session, info, prompt, console, json_out)

@@ -8,11 +8,13 @@ Caches a strategy does not feed are left alone: cropping the drafter's before an
 the turn the drafter just saw, and it would prefill the whole conversation again next turn.
 """
 
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 from typing import Iterator
 
+import torch
 from jinja2 import TemplateError
 
 from sampling.base import DecodeConfig, Round, Stats, Strategy
@@ -105,6 +107,16 @@ class ChatSession:
         self._strategies: dict[str, Strategy] = {}
         self._reuse: dict[int, int] = {}
         self.configure(settings)
+
+    def warm_up(self) -> None:
+        """A small prefill and one decode step per model, so that the first strategy measured in a comparison does
+        not pay alone for first-touch costs (weights paged in from the memory-mapped files, kernels chosen)."""
+        with torch.inference_mode():
+            for lm in (self.target, self.drafter):
+                if lm is not None:
+                    lm.extend([0] * 8)
+                    lm.extend([0] * 9)
+                    lm.reset()
 
     # -- settings ---------------------------------------------------------------------------------
 
