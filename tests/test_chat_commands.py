@@ -13,17 +13,13 @@ from chat.app import ChatApp
 from chat.commands import Outcome, build_commands, dispatch, parse_processor
 from chat.session import ChatSession, ChatSettings, ModelInfo
 from sampling.registry import STRATEGIES
-from tests.tiny_checkpoint import save_tiny_checkpoint
-from utils.loading import load_pair
+from tests.tiny_checkpoint import load_tiny_pair
 from utils.logits_processor import GreedyProcessor, NucleusProcessor, TopKNucleusProcessor, TopKProcessor
 
 
 @pytest.fixture(scope="module")
 def pair(tmp_path_factory):
-    root = tmp_path_factory.mktemp("chat_commands")
-    target = save_tiny_checkpoint(root / "target", seed=0)
-    drafter = save_tiny_checkpoint(root / "drafter", seed=1, layers=1, hidden=16)
-    return load_pair(str(target), str(drafter), device="cpu", dtype="float32", progress=False)
+    return load_tiny_pair(tmp_path_factory.mktemp("chat_commands"))
 
 
 @pytest.fixture

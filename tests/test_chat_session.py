@@ -9,17 +9,14 @@ import pytest
 from chat.session import ChatSession, ChatSettings, Message, fed_models
 from chat.turn import View, run_turn
 from sampling.registry import StrategySettings
-from tests.tiny_checkpoint import save_tiny_checkpoint
+from tests.tiny_checkpoint import load_tiny_pair, save_tiny_checkpoint
 from utils.caching import common_prefix_length
 from utils.loading import load_pair
 
 
 @pytest.fixture(scope="module")
 def pair(tmp_path_factory):
-    root = tmp_path_factory.mktemp("chat_session")
-    target = save_tiny_checkpoint(root / "target", seed=0)
-    drafter = save_tiny_checkpoint(root / "drafter", seed=1, layers=1, hidden=16)
-    return load_pair(str(target), str(drafter), device="cpu", dtype="float32", progress=False)
+    return load_tiny_pair(tmp_path_factory.mktemp("chat_session"))
 
 
 @pytest.fixture(scope="module")

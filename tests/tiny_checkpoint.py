@@ -50,3 +50,12 @@ def save_tiny_checkpoint(directory: Path, seed: int = 0, layers: int = 2, hidden
     model.save_pretrained(directory)
     tokenizer.save_pretrained(directory)
     return directory
+
+
+def load_tiny_pair(root: Path):
+    """A saved tiny target and a smaller drafter (same tokenizer), loaded like any pair: float32 on the CPU."""
+    from utils.loading import load_pair
+
+    target = save_tiny_checkpoint(Path(root) / "target", seed=0)
+    drafter = save_tiny_checkpoint(Path(root) / "drafter", seed=1, layers=1, hidden=16)
+    return load_pair(str(target), str(drafter), device="cpu", dtype="float32", progress=False)
