@@ -210,8 +210,9 @@ def main(argv: list[str] | None = None) -> int:
         "machine": machine_description(device, dtype),
         "config": {
             **{k: v for k, v in specs.items() if k != "universal"},
-            "target": target.name, "target_source": target.source,
-            "drafter": drafter.name if drafter else None, "drafter_source": drafter.source if drafter else None,
+            "target": target.label, "target_source": target.source,
+            "drafter": drafter.label if drafter else None, "drafter_source": drafter.source if drafter else None,
+            "target_quantize": target.quantize, "drafter_quantize": drafter.quantize if drafter else None,
             "universal_drafter": universal.name if universal else None,
             "end_ids": list(end_ids), "max_new_tokens": max_new_tokens, "gamma": args.gamma,
             "decoding": decoding, "greedy": processor.is_greedy, "temperature": args.temperature,

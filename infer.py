@@ -19,6 +19,8 @@ from rich.console import Console
 
 from sampling.registry import NEEDS_DRAFTER, STRATEGIES, StrategySettings
 
+QUANTIZE = ("none", "int8", "auto")  # utils.loading.QUANTIZE_CHOICES, not imported so that --help stays instant
+
 DEFAULT_STRATEGIES = ("auto", "speculative", "autoregressive")
 HISTORY_FILE = Path("~/.cache/specchat/history").expanduser()
 USAGE_EXIT, LOAD_EXIT, INTERRUPTED_EXIT = 2, 1, 130
@@ -52,8 +54,10 @@ def build_parser() -> argparse.ArgumentParser:
                         help="drafter model, same kinds of SPEC; 'none' for no drafter")
     models.add_argument("--device", metavar="DEVICE", help="auto, cpu, cuda, cuda:N or mps (default: the preset's)")
     models.add_argument("--dtype", default="auto", help="auto, float32, bfloat16, float16 or float64")
-    models.add_argument("--target-quantize", choices=("none", "int8"), help="target weights (default: the preset's)")
-    models.add_argument("--drafter-quantize", choices=("none", "int8"), help="drafter weights (default: the preset's)")
+    models.add_argument("--target-quantize", choices=QUANTIZE,
+                        help="target weights; auto: int8 with 16-bit activations (default: the preset's)")
+    models.add_argument("--drafter-quantize", choices=QUANTIZE,
+                        help="drafter weights; auto: int8 with 16-bit activations (default: the preset's)")
     models.add_argument("--trust-remote-code", action="store_true", help="allow models that ship their own code")
     models.add_argument("--cache-dir", type=Path, metavar="DIR", help="where converted embedded models are kept "
                                                        "(default ~/.cache/specchat)")
@@ -219,7 +223,7 @@ def run(args: argparse.Namespace, console: Console, errors: Console, prompt: str
     if settings.chat_template and not pair.target.tokenizer.chat_template:
         errors.print("the target's tokenizer has no chat template: raw completion", style="yellow")
     parameter = next(pair.target.model.parameters())
-    info = ModelInfo(target=pair.target.name, drafter=pair.drafter.name if pair.drafter else None,
+    info = ModelInfo(target=pair.target.label, drafter=pair.drafter.label if pair.drafter else None,
                      dtype=str(parameter.dtype).removeprefix("torch."), device=str(parameter.device))
     session = ChatSession(pair.target.tokenizer, pair.target.model, pair.drafter.model if pair.drafter else None,
                           pair.end_ids, settings)

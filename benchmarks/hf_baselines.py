@@ -173,12 +173,12 @@ def build_hf_baselines(names: list[str], target, drafter, universal, *, gamma: i
             skipped.append(Skipped(name, "no drafter model loaded"))
         elif name == "hf_assisted":
             built.append(make(name, "assisted generation with HF's default settings",
-                              {"assistant_model": drafter.model}, defaults, drafter.name))
+                              {"assistant_model": drafter.model}, defaults, drafter.label))
         elif name == "hf_assisted_gamma":
             settings = {"num_assistant_tokens": gamma, "num_assistant_tokens_schedule": "constant",
                         "assistant_confidence_threshold": 0.0}
             built.append(make(name, f"assisted generation, {gamma} drafts every round (ours: gamma), no confidence stop",
-                              {"assistant_model": drafter.model}, settings, drafter.name))
+                              {"assistant_model": drafter.model}, settings, drafter.label))
         elif name == "hf_assisted_int8":
             dtype = next(drafter.model.parameters()).dtype
             if dtype == torch.float32 and drafter.model.device.type == "cpu" and not explicit:
@@ -190,7 +190,8 @@ def build_hf_baselines(names: list[str], target, drafter, universal, *, gamma: i
             built.append(make(name, f"assisted generation, int8 (optimum-quanto qint8) drafter, {INT8_DRAFT_TOKENS} "
                                     f"draft tokens, confidence threshold {defaults['assistant_confidence_threshold']} "
                                     f"({adaptive})",
-                              {"assistant_model": int8_copy(drafter.model)}, settings, f"{drafter.name} (int8)"))
+                              {"assistant_model": drafter.model if drafter.quantize == "int8" else int8_copy(drafter.model)},
+                              settings, f"{drafter.name} (int8)"))
         elif name == "hf_universal":
             if universal is None:
                 skipped.append(Skipped(name, "no cross-tokenizer drafter (--universal-drafter) loaded"))

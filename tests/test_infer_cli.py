@@ -108,3 +108,8 @@ def test_one_shot_json_prints_exactly_one_object(checkpoints):
     assert 0 <= by_name["speculative"]["acceptance_rate"] <= 1
     for lossless in ("speculative", "ngram", "lookup"):  # greedy: token for token what autoregressive gives
         assert by_name[lossless]["token_ids"] == by_name["autoregressive"]["token_ids"]
+
+
+def test_quantize_choices_match_the_loader():
+    from utils.loading import QUANTIZE_CHOICES
+    assert infer.QUANTIZE == QUANTIZE_CHOICES

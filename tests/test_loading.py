@@ -118,6 +118,26 @@ def test_int8_replaces_linear_weights_and_keeps_the_prediction_close(tiny_dir):
     assert torch.allclose(dense_logits, int8_logits, atol=0.05)
 
 
+@pytest.mark.parametrize("dtype, device, expected", [
+    (torch.bfloat16, "cpu", "int8"), (torch.float32, "cpu", "none"), (torch.float16, "cpu", "none"),
+    (torch.float16, "cuda", "int8"), (torch.bfloat16, "cuda", "int8"), (torch.float32, "cuda", "none"),
+    (torch.bfloat16, "mps", "none"),
+])
+def test_auto_quantize_is_int8_only_with_fast_int8_kernels(dtype, device, expected):
+    assert loading.resolve_quantize("auto", dtype, torch.device(device)) == expected
+    assert loading.resolve_quantize("none", dtype, torch.device(device)) == "none"
+    assert loading.resolve_quantize("int8", dtype, torch.device(device)) == "int8"
+
+
+def test_auto_quantize_when_loading_records_what_was_applied(tiny_dir):
+    bf16 = load_model(str(tiny_dir), device="cpu", dtype="bfloat16", quantize="auto", progress=False)
+    fp32 = load_model(str(tiny_dir), device="cpu", dtype="float32", quantize="auto", progress=False)
+    assert (bf16.quantize, bf16.label) == ("int8", "tiny-llama (int8)")
+    assert type(bf16.model.model.layers[0].mlp.up_proj).__name__ == "QLinear"
+    assert (fp32.quantize, fp32.label) == ("none", "tiny-llama")
+    assert type(fp32.model.model.layers[0].mlp.up_proj).__name__ == "Linear"
+
+
 def test_unknown_quantize_is_rejected(tiny_dir):
     with pytest.raises(ModelLoadError, match="int8"):
         load_model(str(tiny_dir), device="cpu", quantize="int4", progress=False)
@@ -157,7 +177,8 @@ def test_auto_preset_follows_cuda():
 
 
 def test_presets_name_the_documented_models():
-    assert PRESETS["embedded"] == Preset("embedded", "qwen2.5-coder-1.5b", "qwen2.5-coder-0.5b")
+    assert PRESETS["embedded"] == Preset("embedded", "qwen2.5-coder-1.5b", "qwen2.5-coder-0.5b",
+                                         drafter_quantize="auto")
     llama = resolve_preset("llama-3.2", cuda_available=False)
     assert (llama.target, llama.drafter) == ("meta-llama/Llama-3.2-3B-Instruct", "meta-llama/Llama-3.2-1B-Instruct")
     assert (llama.target_quantize, llama.drafter_quantize, llama.device) == ("int8", "int8", "cuda")

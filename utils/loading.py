@@ -34,7 +34,7 @@ from transformers.utils import logging as hf_logging
 
 EMBEDDED_REQUIREMENTS = "requirements-embedded.txt"
 MARKER_NAME = "complete.json"
-QUANTIZE_CHOICES = ("none", "int8")
+QUANTIZE_CHOICES = ("none", "int8", "auto")  # auto: int8 where int8 kernels pay off (resolve_quantize)
 # Tokens that close a chat turn in common templates. "<|endoftext|>" is left out on purpose: it ends
 # a turn only where it is the eos token, and then the eos ids already hold it.
 END_OF_TURN_TOKENS = ("<|im_end|>", "<|eot_id|>", "<|end|>", "<end_of_turn>")
@@ -101,7 +101,7 @@ class Preset:
     name: str
     target: str
     drafter: str
-    target_quantize: str = "none"  # "none" | "int8"
+    target_quantize: str = "none"  # one of QUANTIZE_CHOICES
     drafter_quantize: str = "none"
     device: str = "auto"
 
@@ -109,7 +109,9 @@ class Preset:
 PRESETS: dict[str, Preset] = {
     preset.name: preset
     for preset in (
-        Preset(name="embedded", target="qwen2.5-coder-1.5b", drafter="qwen2.5-coder-0.5b"),
+        # An int8 drafter drafts ~1.4x faster per token on a bf16 CPU; "auto" keeps it dense in float32, where
+        # quanto's int8 kernels take seconds per token.
+        Preset(name="embedded", target="qwen2.5-coder-1.5b", drafter="qwen2.5-coder-0.5b", drafter_quantize="auto"),
         Preset(
             name="llama-3.2",
             target="meta-llama/Llama-3.2-3B-Instruct",
@@ -466,6 +468,11 @@ class LoadedModel:
     tokenizer: PreTrainedTokenizerBase
     name: str
     source: str  # the directory the weights were read from, or the Hub id
+    quantize: str = "none"  # what was applied: "none" | "int8"
+
+    @property
+    def label(self) -> str:
+        return self.name if self.quantize == "none" else f"{self.name} ({self.quantize})"
 
 
 @dataclass(frozen=True)
@@ -488,8 +495,7 @@ def load_model(
     """Load `spec` (embedded name, saved directory, .gguf file or Hub id) in eval mode on `device`."""
     torch_device = resolve_device(device)
     torch_dtype = resolve_dtype(dtype, torch_device)
-    if quantize not in QUANTIZE_CHOICES:
-        raise ModelLoadError(f"Unknown quantize {quantize!r}; use one of: {', '.join(QUANTIZE_CHOICES)}.")
+    quantize = resolve_quantize(quantize, torch_dtype, torch_device)
     cache_root = Path(cache_dir) if cache_dir is not None else default_cache_dir()
     with _transformers_progress(progress):
         source = _resolve_source(spec, cache_root, progress)
@@ -498,7 +504,18 @@ def load_model(
     model.eval()
     if quantize == "int8":
         _quantize_int8(model)
-    return LoadedModel(model=model, tokenizer=tokenizer, name=source.name, source=source.location)
+    return LoadedModel(model=model, tokenizer=tokenizer, name=source.name, source=source.location, quantize=quantize)
+
+
+def resolve_quantize(quantize: str, dtype: torch.dtype, device: torch.device) -> str:
+    """ "none" or "int8"; "auto" is int8 with 16-bit activations on CPU or CUDA (int8 weights then cut the bytes a
+    one-token forward reads), none otherwise (float32 activations make quanto's int8 path far slower)."""
+    if quantize not in QUANTIZE_CHOICES:
+        raise ModelLoadError(f"Unknown quantize {quantize!r}; use one of: {', '.join(QUANTIZE_CHOICES)}.")
+    if quantize != "auto":
+        return quantize
+    sixteen_bit = dtype == torch.bfloat16 if device.type == "cpu" else dtype in (torch.bfloat16, torch.float16)
+    return "int8" if sixteen_bit and device.type in ("cpu", "cuda") else "none"
 
 
 def _resolve_source(spec: str, cache_root: Path, progress: bool) -> _Source:
