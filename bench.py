@@ -23,7 +23,7 @@ from benchmarks.costs import measure_costs
 from benchmarks.hf_baselines import HF_BASELINES, build_hf_baselines, sampling_kwargs, sklearn_available
 from benchmarks.prompts import DEFAULT_PROMPTS, chat_ids, count_by_category, load_prompts
 from benchmarks.report import machine_description, markdown, plot, print_tables, summarize, write_json
-from benchmarks.runner import REFERENCE, Encoder, RunSettings, run_benchmark
+from benchmarks.runner import REFERENCE, Checkpoint, CheckpointMismatch, Encoder, RunSettings, run_benchmark
 from sampling.base import DecodeConfig
 from sampling.registry import NEEDS_DRAFTER, STRATEGIES, StrategySettings, build_strategy
 from utils.caching import CachedModel
@@ -66,6 +66,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     run.add_argument("--cost-repeats", type=int, help="timed forwards per cost measurement (default 7, 3 quick)")
     out = p.add_argument_group("output")
     out.add_argument("--out", type=Path, help="output directory (default bench_results/<timestamp>/)")
+    out.add_argument("--resume", action="store_true", help="continue the interrupted run in --out: prompts already "
+                     "in its progress.jsonl are kept, the rest are measured (the settings must be the same)")
     out.add_argument("--markdown", type=Path, help="also write the markdown summary to this path")
     out.add_argument("--no-progress", action="store_true", help="no progress bars")
     args = p.parse_args(argv)
@@ -84,6 +86,8 @@ def _validate(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
         p.error(f"--temperature must be >= 0, got {args.temperature}")
     if args.threads is not None and args.threads < 1:
         p.error(f"--threads must be >= 1, got {args.threads}")
+    if args.resume and not args.out:
+        p.error("--resume needs --out: the directory of the run to continue")
     if args.drafter and not args.target:
         p.error("--drafter needs --target (or use --preset)")
     if args.strategies:
@@ -191,7 +195,19 @@ def main(argv: list[str] | None = None) -> int:
                                             clean_up_tokenization_spaces=False))
     run_settings = RunSettings(config, warmup_tokens=4 if args.quick else 8, context_limit=context_limit,
                                progress=not args.no_progress)
-    measurements, skipped_prompts = run_benchmark(prompts, contestants, encoder, run_settings)
+    out = args.out or Path("bench_results") / datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
+    fingerprint = {"target": target.label, "drafter": drafter.label if drafter else None, "dtype": str(dtype),
+                   "device": str(device), "threads": torch.get_num_threads(), "max_new_tokens": max_new_tokens,
+                   "decoding": repr(processor), "seed": args.seed, "strategy_settings": asdict(settings),
+                   "contestants": [c.describe() for c in contestants]}
+    try:
+        checkpoint = Checkpoint(out / "progress.jsonl", fingerprint, resume=args.resume)
+    except CheckpointMismatch as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    if checkpoint.done:
+        print(f"resuming: {len(checkpoint.done)} prompts already measured in {checkpoint.path}", file=sys.stderr)
+    measurements, skipped_prompts = run_benchmark(prompts, contestants, encoder, run_settings, checkpoint)
 
     gammas = {c.name: c.gamma for c in contestants if getattr(c, "gamma", None)}
     context = timing_context(prompts, encoder.encode, max_new_tokens,
@@ -201,8 +217,6 @@ def main(argv: list[str] | None = None) -> int:
     drafter_models = {c.name for c in contestants if c.kind == "ours" and c.uses_drafter_model}
     summary = summarize(measurements, costs, gammas, drafter_models)
 
-    out = args.out or Path("bench_results") / datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
-    out.mkdir(parents=True, exist_ok=True)
     decoding = "greedy" if processor.is_greedy else f"sampling ({processor!r}), seed {args.seed}"
     report = {
         "schema_version": SCHEMA_VERSION,

@@ -8,12 +8,16 @@ Method
   autoregressive* answers, so every contestant gets exactly the same prompt ids on every turn.
 - Every run starts from empty KV caches (no prefix reuse between contestants or turns).
 - Greedy runs: each output is compared token by token with our autoregressive output for the same prompt turn.
+- Checkpoint: each finished prompt (all its turns, all contestants) is appended to a JSONL file, so a run stopped
+  half-way (hours on a CPU) resumes where it was, if nothing that shapes a measurement has changed.
 """
 
 from __future__ import annotations
 
+import json
 import sys
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Callable
 
 from tqdm import tqdm
@@ -49,8 +53,56 @@ def first_difference(a: list[int], b: list[int]) -> int | None:
     return None if len(a) == len(b) else min(len(a), len(b))
 
 
+class CheckpointMismatch(ValueError):
+    pass
+
+
+class Checkpoint:
+    """Finished prompts in a JSONL file: a header line with the run's fingerprint, then one line per prompt.
+
+    `resume=True` keeps the prompts already in the file (the fingerprint must be equal: models, dtype, decoding,
+    contestants, ...); `resume=False` starts the file afresh. A line cut short by an interruption is ignored.
+    """
+
+    def __init__(self, path: Path, fingerprint: dict, resume: bool):
+        self.path, self.fingerprint = Path(path), json.loads(json.dumps(fingerprint, default=str))  # as read back
+        self.done: dict[str, dict] = {}
+        if resume and self.path.exists():
+            self._load()
+        else:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            self.path.write_text(json.dumps({"fingerprint": self.fingerprint}) + "\n", encoding="utf-8")
+
+    def _load(self) -> None:
+        lines = self.path.read_text(encoding="utf-8").splitlines()
+        header = json.loads(lines[0]).get("fingerprint") if lines else None
+        if header != self.fingerprint:
+            changed = sorted(k for k in {*(header or {}), *self.fingerprint}
+                             if (header or {}).get(k) != self.fingerprint.get(k))
+            raise CheckpointMismatch(f"{self.path} belongs to a run with other settings (differs in: "
+                                     f"{', '.join(changed)}); rerun with the same settings, or without --resume")
+        for line in lines[1:]:
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError:  # the last line of an interrupted write
+                continue
+            self.done[record["prompt_id"]] = record
+        kept = [lines[0], *(json.dumps(record, default=str) for record in self.done.values())]
+        self.path.write_text("\n".join(kept) + "\n", encoding="utf-8")  # new records never follow a cut line
+
+    def saved(self, prompt: Prompt) -> dict | None:
+        record = self.done.get(prompt.id)
+        return record if record is not None and record["turns"] == list(prompt.turns) else None
+
+    def save(self, prompt: Prompt, measurements: list[dict], skipped: list[dict]) -> None:
+        record = {"prompt_id": prompt.id, "turns": list(prompt.turns), "measurements": measurements,
+                  "skipped": skipped}
+        with self.path.open("a", encoding="utf-8") as f:
+            f.write(json.dumps(record, default=str) + "\n")
+
+
 def run_benchmark(prompts: list[Prompt], contestants: list[Contestant], encoder: Encoder,
-                  settings: RunSettings) -> tuple[list[dict], list[dict]]:
+                  settings: RunSettings, checkpoint: Checkpoint | None = None) -> tuple[list[dict], list[dict]]:
     """Measurements (one dict per prompt turn per contestant) and the prompt turns skipped (with the reason)."""
     names = [c.name for c in contestants]
     if REFERENCE not in names:
@@ -61,6 +113,12 @@ def run_benchmark(prompts: list[Prompt], contestants: list[Contestant], encoder:
     total = sum(len(p.turns) for p in prompts) * len(contestants)
     with tqdm(total=total, desc="bench", unit="run", file=sys.stderr, disable=not settings.progress) as bar:
         for index, prompt in enumerate(prompts):
+            if checkpoint is not None and (saved := checkpoint.saved(prompt)) is not None:
+                measurements += saved["measurements"]
+                skipped += saved["skipped"]
+                bar.update(len(contestants) * len(prompt.turns))
+                continue
+            first_measurement, first_skipped = len(measurements), len(skipped)
             order = contestants[index % len(contestants):] + contestants[: index % len(contestants)]
             messages: list[dict[str, str]] = []
             for turn, text in enumerate(prompt.turns):
@@ -83,6 +141,8 @@ def run_benchmark(prompts: list[Prompt], contestants: list[Contestant], encoder:
                     measurements.append(_record(prompt, turn, len(prompt_ids), contestant, position, generation,
                                                 reference, config, encoder))
                 messages.append({"role": "assistant", "content": encoder.decode(reference.token_ids)})
+            if checkpoint is not None:
+                checkpoint.save(prompt, measurements[first_measurement:], skipped[first_skipped:])
     return measurements, skipped
 
 

@@ -189,3 +189,40 @@ def test_default_selection():
     assert hf == list(HF)
     ours, hf = bench.selected_strategies(bench.parse_args(["--no-hf", "--strategies", "lookup"]))
     assert ours == ["autoregressive", "lookup"] and hf == []
+
+
+def test_an_interrupted_run_resumes_from_its_checkpoint(checkpoints, tmp_path, capsys):
+    target, drafter = checkpoints
+    out = tmp_path / "run"
+    argv = ["--quick", "--target", str(target), "--drafter", str(drafter), "--dtype", "float32", "--device", "cpu",
+            "--strategies", "autoregressive,speculative,lookup", "--out", str(out), "--no-progress",
+            "--cost-repeats", "1"]
+    assert bench.main(argv) == 0
+    header, first, second = (out / "progress.jsonl").read_text().splitlines()
+    assert json.loads(first)["prompt_id"] != json.loads(second)["prompt_id"]
+    # Interrupted during the second prompt: its line was cut short. The first prompt's record is marked.
+    record = json.loads(first)
+    for m in record["measurements"]:
+        m["decode_time"] = 1234.5
+    (out / "progress.jsonl").write_text("\n".join([header, json.dumps(record), second[: len(second) // 2]]))
+
+    assert bench.main(argv + ["--resume"]) == 0
+    assert "resuming: 1 prompts already measured" in capsys.readouterr().err
+    measurements = json.loads((out / "results.json").read_text())["measurements"]
+    kept = [m for m in measurements if m["prompt_id"] == record["prompt_id"]]
+    fresh = [m for m in measurements if m["prompt_id"] != record["prompt_id"]]
+    assert len(kept) == len(record["measurements"]) and all(m["decode_time"] == 1234.5 for m in kept)
+    assert fresh and all(m["decode_time"] != 1234.5 for m in fresh)
+    assert {m["strategy"] for m in fresh} == {"autoregressive", "speculative", "lookup"}
+    lines = (out / "progress.jsonl").read_text().splitlines()
+    assert len(lines) == 3 and json.loads(lines[2])["prompt_id"] == json.loads(second)["prompt_id"]  # cut line gone
+
+    assert bench.main(argv + ["--resume", "--max-new-tokens", "8"]) == 2  # other settings: refused, file untouched
+    assert "differs in: max_new_tokens" in capsys.readouterr().err
+    assert (out / "progress.jsonl").read_text().splitlines() == lines
+
+
+def test_resume_needs_an_output_directory(capsys):
+    with pytest.raises(SystemExit):
+        bench.parse_args(["--resume"])
+    assert "--resume needs --out" in capsys.readouterr().err
