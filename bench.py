@@ -57,6 +57,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     run.add_argument("--no-hf", action="store_true", help="skip the Hugging Face baselines")
     run.add_argument("--max-new-tokens", type=int, help=f"default {FULL_TOKENS} ({QUICK_TOKENS} with --quick)")
     run.add_argument("--gamma", type=int, default=StrategySettings.gamma, help="draft length")
+    run.add_argument("--alternatives", type=int, default=StrategySettings.draft_alternatives,
+                     help="greedy: the draft model's next-best tokens verified at each depth (0: a chain)")
     run.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
     run.add_argument("--top-k", type=int, help="sampling only")
     run.add_argument("--top-p", type=float, help="sampling only")
@@ -78,6 +80,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def _validate(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     if args.gamma < 1:
         p.error(f"--gamma must be >= 1, got {args.gamma}")
+    if args.alternatives < 0:
+        p.error(f"--alternatives must be >= 0, got {args.alternatives}")
     if args.max_new_tokens is not None and args.max_new_tokens < 1:
         p.error(f"--max-new-tokens must be >= 1, got {args.max_new_tokens}")
     if args.limit is not None and args.limit < 1:
@@ -168,7 +172,7 @@ def main(argv: list[str] | None = None) -> int:
     tokenizer = target.tokenizer
     end_ids = pair.end_ids
 
-    settings = StrategySettings(gamma=args.gamma)
+    settings = StrategySettings(gamma=args.gamma, draft_alternatives=args.alternatives)
     target_lm = CachedModel(target.model)
     drafter_lm = CachedModel(drafter.model) if drafter is not None else None
     cached = [lm for lm in (target_lm, drafter_lm) if lm is not None]

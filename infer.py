@@ -76,6 +76,12 @@ def build_parser() -> argparse.ArgumentParser:
     decoding.add_argument("--min-p", type=float, metavar="P", help="min-p sampling (with --temperature > 0)")
     decoding.add_argument("--seed", "-s", type=int, metavar="N", help="sampling seed (default: random)")
     decoding.add_argument("--num-beams", type=int, default=4, metavar="N", help="beam width for the beam strategy")
+    decoding.add_argument("--alternatives", type=int, default=StrategySettings.draft_alternatives, metavar="N",
+                          help="greedy: also verify the draft model's next N best tokens at each depth")
+    decoding.add_argument("--lookahead", type=int, nargs=3, metavar=("W", "N", "G"),
+                          default=(StrategySettings.lookahead_window, StrategySettings.lookahead_ngram,
+                                   StrategySettings.lookahead_candidates),
+                          help="lookahead window W, n-gram size N, verified candidates G")
     decoding.add_argument("--ignore-eos", action="store_true", help="keep generating past end tokens")
     chat = p.add_argument_group("chat")
     chat.add_argument("--system", "--system-prompt", "-sys", metavar="TEXT", help="system prompt")
@@ -145,6 +151,11 @@ def check_flags(args: argparse.Namespace) -> None:
         raise InputError(f"--num-beams must be >= 1, got {args.num_beams}")
     if args.temperature < 0:
         raise InputError(f"--temperature must be >= 0, got {args.temperature}")
+    if args.alternatives < 0:
+        raise InputError(f"--alternatives must be >= 0, got {args.alternatives}")
+    window, ngram, candidates = args.lookahead
+    if window < 1 or ngram < 2 or candidates < 1:
+        raise InputError(f"--lookahead W N G needs W >= 1, N >= 2, G >= 1, got {window} {ngram} {candidates}")
     if args.json and args.prompt is None and args.prompt_file is None:
         raise InputError("--json needs --prompt or --prompt-file")
     make_settings(args, parse_strategies(args.strategy, has_drafter=True))  # strategy names, processor parameters
@@ -166,7 +177,11 @@ def make_settings(args: argparse.Namespace, strategies: tuple[str, ...]):
     try:
         processor = make_processor(args.temperature, args.top_k, args.top_p, args.min_p)
         return ChatSettings(strategies=strategies,
-                            strategy=StrategySettings(gamma=args.gamma, num_beams=args.num_beams),
+                            strategy=StrategySettings(gamma=args.gamma, num_beams=args.num_beams,
+                                                      draft_alternatives=args.alternatives,
+                                                      lookahead_window=args.lookahead[0],
+                                                      lookahead_ngram=args.lookahead[1],
+                                                      lookahead_candidates=args.lookahead[2]),
                             processor=processor, max_new_tokens=args.max_new_tokens, seed=args.seed,
                             chat_template=not args.no_chat, system=args.system, ignore_eos=args.ignore_eos)
     except ValueError as error:

@@ -319,6 +319,26 @@ def _lookup_ngram(app: ChatApp, arg: str) -> None:
     app.console.print(f"prompt lookup n-grams from {high} down to {low}")
 
 
+def _alternatives(app: ChatApp, arg: str) -> None:
+    n = parse_int(one_word(arg), "draft alternatives", 0, 8)
+    app.session.update_strategy(draft_alternatives=n)
+    app.console.print(f"draft alternatives = {n}" + (" (a chain)" if n == 0 else
+                                                     f": the draft model's next {n} best tokens at each depth are "
+                                                     "verified too (greedy only)"))
+
+
+def _lookahead_params(app: ChatApp, arg: str) -> None:
+    words = arg.split()
+    if len(words) != 3:
+        raise UsageError("expected W N G")
+    window = parse_int(words[0], "window W", 1, 16)
+    ngram = parse_int(words[1], "n-gram size N", 2, 8)
+    candidates = parse_int(words[2], "candidates G", 1, 16)
+    app.session.update_strategy(lookahead_window=window, lookahead_ngram=ngram, lookahead_candidates=candidates)
+    app.console.print(f"lookahead: window W = {window}, n-gram size N = {ngram}, candidates G = {candidates} "
+                      f"(up to {window * (ngram - 1) + candidates * (ngram - 1)} tokens per forward)")
+
+
 def _beams(app: ChatApp, arg: str) -> None:
     n = parse_int(one_word(arg), "number of beams", 1, MAX_BEAMS)
     app.session.update_strategy(num_beams=n)
@@ -429,6 +449,13 @@ def build_commands(strategies: tuple[str, ...] = STRATEGIES) -> dict[str, Comman
                 lambda app: on_off(s(app).strategy.ngram_reset_each_prompt)),
         Command("lookup-ngram", _lookup_ngram, "/lookup-ngram MAX [MIN]", "prompt lookup n-gram sizes",
                 lambda app: f"{s(app).strategy.lookup_max_ngram} {s(app).strategy.lookup_min_ngram}"),
+        Command("alternatives", _alternatives, "/alternatives N",
+                "greedy: verify the draft model's next N best tokens at each depth too (0: a chain)",
+                lambda app: str(s(app).strategy.draft_alternatives)),
+        Command("lookahead-params", _lookahead_params, "/lookahead-params W N G",
+                "lookahead: Jacobi window W, n-gram size N, verified candidates G",
+                lambda app: f"{s(app).strategy.lookahead_window} {s(app).strategy.lookahead_ngram} "
+                            f"{s(app).strategy.lookahead_candidates}"),
         Command("beams", _beams, "/beams N", "beam search width",
                 lambda app: str(s(app).strategy.num_beams)),
         Command("stats", _stats, "/stats", "the last turn in detail, and session totals"),

@@ -25,6 +25,8 @@ class StrategySettings:
     # The draft model: stop drafting below this confidence (0: never); HF's grow/shrink draft-length schedule.
     draft_confidence: float = 0.0
     draft_adaptive: bool = False
+    # Greedy: the draft model's next-best tokens at each depth verified beside its chain (a token tree; 0: a chain).
+    draft_alternatives: int = 0
     # auto: prompt lookup drafts up to copy_gamma tokens where it matches at least auto_min_match tokens of context;
     # the draft model (gamma tokens) elsewhere.
     copy_gamma: int = 8
@@ -64,7 +66,7 @@ def build_strategy(name: str, target: CachedModel, drafter: CachedModel | None,
         return BeamSearch(target.model, s.num_beams, s.beam_top_k, s.length_penalty, s.min_length)
 
     def model_drafter():
-        return ModelDrafter(drafter, target.vocab_size, s.draft_confidence, s.draft_adaptive)
+        return ModelDrafter(drafter, target.vocab_size, s.draft_confidence, s.draft_adaptive, s.draft_alternatives)
 
     drafters = {
         "speculative": model_drafter,

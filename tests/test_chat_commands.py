@@ -74,6 +74,11 @@ def test_every_strategy_has_a_toggle(app):
     ("/lookup-ngram 4 2", "from 4 down to 2", lambda s: (s.strategy.lookup_max_ngram, s.strategy.lookup_min_ngram)
      == (4, 2)),
     ("/beams 3", "beams = 3", lambda s: s.strategy.num_beams == 3),
+    ("/alternatives 2", "draft alternatives = 2", lambda s: s.strategy.draft_alternatives == 2),
+    ("/alternatives 0", "draft alternatives = 0 (a chain)", lambda s: s.strategy.draft_alternatives == 0),
+    ("/lookahead-params 3 4 2", "W = 3, n-gram size N = 4, candidates G = 2 (up to 15 tokens per forward)",
+     lambda s: (s.strategy.lookahead_window, s.strategy.lookahead_ngram, s.strategy.lookahead_candidates)
+     == (3, 4, 2)),
     ("/ngram", "ngram on", lambda s: s.strategies == ("speculative", "autoregressive", "ngram")),
     ("/speculative off", "speculative off", lambda s: s.strategies == ("autoregressive",)),
     ("/strategies lookup,autoregressive", "lookup, autoregressive (history from lookup)",
@@ -107,6 +112,10 @@ def test_good_arguments_change_the_setting(app, line, expected, setting):
     ("/ngram-reset sometimes", "expected on or off"),
     ("/lookup-ngram 2 3", "min n-gram must be from 1 to 2"),
     ("/beams 0", "number of beams must be from 1"),
+    ("/alternatives -1", "draft alternatives must be from 0 to 8"),
+    ("/lookahead-params 2 3", "expected W N G"),
+    ("/lookahead-params 2 1 1", "n-gram size N must be from 2 to 8"),
+    ("/lookahead-params 0 3 1", "window W must be from 1 to 16"),
     ("/beams 1000", "number of beams must be from 1 to 64"),
     ("/strategies fast", "unknown strategy 'fast'"),
     ("/reset now", "takes no argument"),

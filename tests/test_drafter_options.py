@@ -1,7 +1,10 @@
 """Drafting economies (confidence stop, adaptive draft length) and the automatic combined drafter save drafter work
 without changing the output."""
 
+import copy
+
 import pytest
+import torch
 
 from sampling.autoregressive import Autoregressive
 from sampling.base import DecodeConfig
@@ -10,6 +13,7 @@ from sampling.drafters.model import ModelDrafter
 from sampling.drafters.prompt_lookup import PromptLookupDrafter
 from sampling.speculative import Speculative
 from utils.caching import CachedModel
+from utils.logits_processor import GreedyProcessor, make_processor
 
 PROMPT = [5, 17, 42, 8, 5, 17, 42, 9, 33, 5, 17]
 CONFIG = DecodeConfig(max_new_tokens=40)
@@ -54,3 +58,48 @@ def test_combined_drafter_is_lossless_and_uses_both_sources(target_model, small_
     assert result.token_ids == expected
     assert 0 < drafter.copied < result.stats.rounds  # some rounds copied, others asked the model
     assert result.stats.drafter_forwards > 0
+
+
+@pytest.fixture(scope="module")
+def noisy_model(target_model):
+    """The target with perturbed output weights: its first choice is often the target's, its second sometimes."""
+    model = copy.deepcopy(target_model)
+    with torch.no_grad():
+        w = model.lm_head.weight
+        w.add_(torch.randn(w.shape, generator=torch.Generator().manual_seed(7), dtype=w.dtype) * w.std() * 0.25)
+    return model
+
+
+def test_alternatives_are_the_drafters_next_best_tokens_beside_its_chain(noisy_model):
+    draft = ModelDrafter(CachedModel(noisy_model), 97, alternatives=2).propose(PROMPT, 3, GreedyProcessor(), None)
+    chain = ModelDrafter(CachedModel(noisy_model), 97).propose(PROMPT, 3, GreedyProcessor(), None).tokens
+    assert draft.tokens[:3] == chain and draft.q is None
+    assert draft.parents == [-1, 0, 1, -1, -1, 0, 0, 1, 1]  # the chain, then two leaves per depth beside it
+    with torch.inference_mode():
+        for depth in range(3):
+            logits = noisy_model(torch.tensor([PROMPT + chain[:depth]])).logits[0, -1]
+            assert draft.tokens[3 + 2 * depth: 5 + 2 * depth] == logits.topk(3).indices[1:].tolist()
+
+
+def test_alternatives_are_for_greedy_only(noisy_model):
+    drafter = ModelDrafter(CachedModel(noisy_model), 97, alternatives=2)
+    draft = drafter.propose(PROMPT, 3, make_processor(temperature=1.0), torch.Generator().manual_seed(0))
+    assert draft.parents is None and len(draft) == 3 and draft.q.shape == (3, 97)
+
+
+@pytest.mark.parametrize("alternatives", [0, 1, 3])
+def test_an_alternative_the_target_picks_commits_one_more_token(target_model, noisy_model, expected, alternatives):
+    drafter = ModelDrafter(CachedModel(noisy_model), 97, alternatives=alternatives)
+    rounds = list(Speculative(CachedModel(target_model), drafter, 4).stream(PROMPT, CONFIG))
+    assert [t for r in rounds for t in r.tokens] == expected
+    # A round that ended on a leaf: its accepted path (the candidate it belongs to) is shorter than the chain and
+    # wholly accepted. A chain can only end like that when the budget cut the draft.
+    on_leaf = [r for r in rounds if r.accepted == len(r.drafted) < 4 and r is not rounds[-1]]
+    assert (len(on_leaf) > 0) == (alternatives > 0)
+    assert all(len(r.tokens) == r.accepted + 1 for r in on_leaf)
+
+
+def test_bad_alternatives(target_model):
+    for bad in (-1, 1.5):
+        with pytest.raises(ValueError, match="alternatives"):
+            ModelDrafter(CachedModel(target_model), 97, alternatives=bad)
