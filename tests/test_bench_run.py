@@ -181,6 +181,9 @@ def test_bad_flags_are_refused(capsys):
         bench.parse_args(["--no-hf", "--strategies", "hf_generate"])
     with pytest.raises(SystemExit):
         bench.parse_args(["--gamma", "0"])
+    with pytest.raises(SystemExit):
+        bench.parse_args(["--alternatives", "-1"])
+    assert "--alternatives must be >= 0, got -1" in capsys.readouterr().err
 
 
 def test_default_selection():
