@@ -174,7 +174,7 @@ def main(argv: list[str] | None = None) -> int:
 
     settings = StrategySettings(gamma=args.gamma, draft_alternatives=args.alternatives)
     target_lm = CachedModel(target.model)
-    drafter_lm = CachedModel(drafter.model) if drafter is not None else None
+    drafter_lm = CachedModel(drafter.model, drafter.dense) if drafter is not None else None
     cached = [lm for lm in (target_lm, drafter_lm) if lm is not None]
     contestants, skipped = [], []
     for name in ours:

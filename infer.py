@@ -241,7 +241,7 @@ def run(args: argparse.Namespace, console: Console, errors: Console, prompt: str
     info = ModelInfo(target=pair.target.label, drafter=pair.drafter.label if pair.drafter else None,
                      dtype=str(parameter.dtype).removeprefix("torch."), device=str(parameter.device))
     session = ChatSession(pair.target.tokenizer, pair.target.model, pair.drafter.model if pair.drafter else None,
-                          pair.end_ids, settings)
+                          pair.end_ids, settings, drafter_prefill_model=pair.drafter.dense if pair.drafter else None)
     session.warm_up()
     if one_shot:
         try:

@@ -97,10 +97,10 @@ class Run:
 
 class ChatSession:
     def __init__(self, tokenizer, target_model, drafter_model=None, end_ids: tuple[int, ...] = (),
-                 settings: ChatSettings = ChatSettings()):
+                 settings: ChatSettings = ChatSettings(), drafter_prefill_model=None):
         self.tokenizer = tokenizer
         self.target = CachedModel(target_model)
-        self.drafter = CachedModel(drafter_model) if drafter_model is not None else None
+        self.drafter = CachedModel(drafter_model, drafter_prefill_model) if drafter_model is not None else None
         self.end_ids = tuple(end_ids)
         self.history: list[Message] = []  # what the model sees: user/assistant pairs, oldest first
         self.settings = settings

@@ -1,5 +1,7 @@
 """The KV-cache invariant: a CachedModel's cache holds exactly its `tokens`; rollback equals a fresh forward."""
 
+import copy
+
 import pytest
 import torch
 
@@ -53,6 +55,29 @@ def test_extend_feeds_only_unseen_tokens_and_reuses_the_common_prefix(target_mod
         assert torch.allclose(diverged[0], fresh_last_logits(target_model, PROMPT[:3] + [9, 9]), atol=1e-10)
         lm.extend(PROMPT[:3] + [9, 9])  # the same sequence again: its last token is re-fed for its logits
         assert fed[-1] == [9] and lm.cache.get_seq_length() == 5
+
+
+def test_long_feeds_go_to_the_prefill_model_short_ones_to_the_model(target_model):
+    prefill = copy.deepcopy(target_model)  # same architecture (one cache serves both), other weights
+    with torch.no_grad():
+        for weight in prefill.parameters():
+            weight.mul_(1.1)
+    calls = []
+    for name, model in (("decode", target_model), ("prefill", prefill)):
+        model.register_forward_hook(lambda module, args, kwargs, out, name=name: calls.append(
+            (name, kwargs["input_ids"].shape[1])), with_kwargs=True)
+    lm = CachedModel(target_model, prefill_model=prefill, prefill_from=4)
+    try:
+        with torch.inference_mode():
+            first = lm.extend(PROMPT)  # 6 tokens: prefill
+            lm.forward([1, 2, 3])  # 3: decode
+            lm.forward([5, 6, 7, 9])  # 4: prefill again
+        assert calls == [("prefill", 6), ("decode", 3), ("prefill", 4)]
+        assert lm.tokens == PROMPT + [1, 2, 3, 5, 6, 7, 9] and lm.cache.get_seq_length() == 13
+        assert torch.allclose(first[0], fresh_last_logits(prefill, PROMPT), atol=1e-10)
+        assert not torch.allclose(first[0], fresh_last_logits(target_model, PROMPT), atol=1e-3)
+    finally:
+        target_model._forward_hooks.clear()
 
 
 def test_extend_keep_returns_logits_for_the_last_positions(target_model):

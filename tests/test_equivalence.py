@@ -49,6 +49,9 @@ DRAFTERS = {
                                                  alternatives=2),
     "small-alternatives": lambda m: ModelDrafter(CachedModel(m["small"]), m["target"].config.vocab_size,
                                                  alternatives=3),
+    # prompts prefilled by the target's weights, drafts decoded by the noisy copy's (an int8 drafter's dense prefill)
+    "noisy-dense-prefill": lambda m: ModelDrafter(CachedModel(m["noisy"], prefill_model=m["target"], prefill_from=3),
+                                                  m["target"].config.vocab_size),
     "ngram-basic": lambda m: NGramDrafter(3, "basic"),
     "ngram-one-level": lambda m: NGramDrafter(2, "one-level"),
     "ngram-filler": lambda m: NGramDrafter(4, "basic", filler_top_k=3),

@@ -138,6 +138,17 @@ def test_auto_quantize_when_loading_records_what_was_applied(tiny_dir):
     assert type(fp32.model.model.layers[0].mlp.up_proj).__name__ == "Linear"
 
 
+def test_an_int8_model_keeps_its_dense_weights_when_asked(tiny_dir):
+    dense = load_model(str(tiny_dir), device="cpu", dtype="bfloat16", progress=False)
+    int8 = load_model(str(tiny_dir), device="cpu", dtype="bfloat16", quantize="int8", keep_dense=True, progress=False)
+    assert type(int8.model.model.layers[0].mlp.up_proj).__name__ == "QLinear"
+    assert type(int8.dense.model.layers[0].mlp.up_proj).__name__ == "Linear"
+    for (name, kept), (_, loaded) in zip(int8.dense.named_parameters(), dense.model.named_parameters()):
+        assert torch.equal(kept, loaded), name
+    assert load_model(str(tiny_dir), device="cpu", dtype="bfloat16", quantize="int8", progress=False).dense is None
+    assert load_model(str(tiny_dir), device="cpu", dtype="bfloat16", keep_dense=True, progress=False).dense is None
+
+
 def test_unknown_quantize_is_rejected(tiny_dir):
     with pytest.raises(ModelLoadError, match="int8"):
         load_model(str(tiny_dir), device="cpu", quantize="int4", progress=False)

@@ -9,6 +9,7 @@ when its `complete.json` marker names the expected GGUF sha256.
 from __future__ import annotations
 
 import contextlib
+import copy
 import hashlib
 import importlib.metadata
 import json
@@ -469,6 +470,7 @@ class LoadedModel:
     name: str
     source: str  # the directory the weights were read from, or the Hub id
     quantize: str = "none"  # what was applied: "none" | "int8"
+    dense: PreTrainedModel | None = None  # an int8 model's weights before quantizing, when asked for (prefill)
 
     @property
     def label(self) -> str:
@@ -488,11 +490,14 @@ def load_model(
     device: str = "auto",
     dtype: str = "auto",
     quantize: str = "none",
+    keep_dense: bool = False,
     trust_remote_code: bool = False,
     cache_dir: Path | None = None,
     progress: bool = True,
 ) -> LoadedModel:
-    """Load `spec` (embedded name, saved directory, .gguf file or Hub id) in eval mode on `device`."""
+    """Load `spec` (embedded name, saved directory, .gguf file or Hub id) in eval mode on `device`.
+
+    `keep_dense`: an int8 model also keeps its dense weights as `dense` (for prefill: see `CachedModel`)."""
     torch_device = resolve_device(device)
     torch_dtype = resolve_dtype(dtype, torch_device)
     quantize = resolve_quantize(quantize, torch_dtype, torch_device)
@@ -502,9 +507,12 @@ def load_model(
         model, tokenizer = _from_pretrained(spec, source, torch_dtype, trust_remote_code)
     model.to(torch_device)
     model.eval()
+    dense = None
     if quantize == "int8":
+        dense = copy.deepcopy(model) if keep_dense else None
         _quantize_int8(model)
-    return LoadedModel(model=model, tokenizer=tokenizer, name=source.name, source=source.location, quantize=quantize)
+    return LoadedModel(model=model, tokenizer=tokenizer, name=source.name, source=source.location, quantize=quantize,
+                       dense=dense)
 
 
 def resolve_quantize(quantize: str, dtype: torch.dtype, device: torch.device) -> str:
@@ -639,7 +647,9 @@ def load_pair(
     cache_dir: Path | None = None,
     progress: bool = True,
 ) -> LoadedPair:
-    """Load a target and an optional drafter on one device and dtype; their vocabularies must match."""
+    """Load a target and an optional drafter on one device and dtype; their vocabularies must match.
+
+    An int8 drafter keeps its dense weights too (`drafter.dense`): prompts are prefilled with them."""
     shared = {
         "device": device,
         "dtype": dtype,
@@ -650,7 +660,7 @@ def load_pair(
     loaded_target = load_model(target, quantize=target_quantize, **shared)
     loaded_drafter = None
     if drafter is not None:
-        loaded_drafter = load_model(drafter, quantize=drafter_quantize, **shared)
+        loaded_drafter = load_model(drafter, quantize=drafter_quantize, keep_dense=True, **shared)
         check_same_vocab(loaded_target.tokenizer, loaded_drafter.tokenizer)
     end_ids = end_token_ids(loaded_target.tokenizer, loaded_target.model.generation_config)
     return LoadedPair(target=loaded_target, drafter=loaded_drafter, end_ids=end_ids)
