@@ -64,10 +64,8 @@ class ModelDrafter(Drafter):
             logits = self._align(logits)
             if processor.is_greedy:
                 # greedy verification never reads q: no softmax unless asked
-                best = logits[0].topk(1 + self.alternatives).indices.tolist() if self.alternatives else \
-                    [int(logits.argmax(-1))]
-                token = best[0]
-                leaves += [(i, leaf) for leaf in best[1:]]
+                token, *others = logits[0].topk(1 + self.alternatives).indices.tolist()
+                leaves += [(i, leaf) for leaf in others]
                 sure = not self.confidence or logits.softmax(-1)[0, token] >= self.confidence
             else:
                 probs.append(processor.probs(logits))
