@@ -336,7 +336,7 @@ def _lookahead_params(app: ChatApp, arg: str) -> None:
     candidates = parse_int(words[2], "candidates G", 1, 16)
     app.session.update_strategy(lookahead_window=window, lookahead_ngram=ngram, lookahead_candidates=candidates)
     app.console.print(f"lookahead: window W = {window}, n-gram size N = {ngram}, candidates G = {candidates} "
-                      f"(up to {window * (ngram - 1) + candidates * (ngram - 1)} tokens per forward)")
+                      f"(up to {(window + candidates) * (ngram - 1)} tokens per forward)")
 
 
 def _beams(app: ChatApp, arg: str) -> None:

@@ -8,7 +8,6 @@ Caches a strategy does not feed are left alone: cropping the drafter's before an
 the turn the drafter just saw, and it would prefill the whole conversation again next turn.
 """
 
-
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace

@@ -95,10 +95,9 @@ class CachedModel:
             model_kwargs["position_ids"] = torch.arange(start, start + len(ids), device=self.device)[None]
         input_ids = torch.tensor([ids], dtype=torch.long, device=self.device)
         try:
-            model = self.prefill_model if self.prefill_model is not None and len(ids) >= self.prefill_from \
-                else self.model
-            out = model(input_ids=input_ids, past_key_values=self.cache, use_cache=True, logits_to_keep=keep,
-                        **model_kwargs)
+            prefill = self.prefill_model is not None and len(ids) >= self.prefill_from
+            out = (self.prefill_model if prefill else self.model)(
+                input_ids=input_ids, past_key_values=self.cache, use_cache=True, logits_to_keep=keep, **model_kwargs)
         except BaseException:  # e.g. Ctrl-C: some layers may hold the new tokens and others not
             self.cache, self.tokens = DynamicCache(config=self.model.config), []
             raise
