@@ -59,6 +59,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     run.add_argument("--gamma", type=int, default=StrategySettings.gamma, help="draft length")
     run.add_argument("--alternatives", type=int, default=StrategySettings.draft_alternatives,
                      help="greedy: the draft model's next-best tokens verified at each depth (0: a chain)")
+    run.add_argument("--draft-cumulative", type=float, default=StrategySettings.draft_cumulative, metavar="P",
+                     help="the draft model stops drafting once the product of its probabilities of its tokens falls "
+                          "below P (0: always gamma tokens)")
     run.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
     run.add_argument("--top-k", type=int, help="sampling only")
     run.add_argument("--top-p", type=float, help="sampling only")
@@ -82,6 +85,8 @@ def _validate(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
         p.error(f"--gamma must be >= 1, got {args.gamma}")
     if args.alternatives < 0:
         p.error(f"--alternatives must be >= 0, got {args.alternatives}")
+    if not 0 <= args.draft_cumulative < 1:
+        p.error(f"--draft-cumulative must be in [0, 1), got {args.draft_cumulative}")
     if args.max_new_tokens is not None and args.max_new_tokens < 1:
         p.error(f"--max-new-tokens must be >= 1, got {args.max_new_tokens}")
     if args.limit is not None and args.limit < 1:
@@ -172,7 +177,8 @@ def main(argv: list[str] | None = None) -> int:
     tokenizer = target.tokenizer
     end_ids = pair.end_ids
 
-    settings = StrategySettings(gamma=args.gamma, draft_alternatives=args.alternatives)
+    settings = StrategySettings(gamma=args.gamma, draft_alternatives=args.alternatives,
+                                draft_cumulative=args.draft_cumulative)
     target_lm = CachedModel(target.model)
     drafter_lm = CachedModel(drafter.model, drafter.dense) if drafter is not None else None
     cached = [lm for lm in (target_lm, drafter_lm) if lm is not None]
@@ -214,12 +220,14 @@ def main(argv: list[str] | None = None) -> int:
     measurements, skipped_prompts = run_benchmark(prompts, contestants, encoder, run_settings, checkpoint)
 
     gammas = {c.name: c.gamma for c in contestants if getattr(c, "gamma", None)}
+    stops_early = {c.name for c in contestants if getattr(c, "stops_early", False)}
+    verified = {*gammas.values(), *(g for name in stops_early for g in range(1, gammas[name] + 1))}
     context = timing_context(prompts, encoder.encode, max_new_tokens,
                              context_limit - max([args.gamma, *gammas.values()]) - 1)
     costs = measure_costs(target_lm, drafter_lm, context, args.gamma, args.cost_repeats or (3 if args.quick else 7),
-                          tuple(gammas.values()))
+                          tuple(sorted(verified)))
     drafter_models = {c.name for c in contestants if c.kind == "ours" and c.uses_drafter_model}
-    summary = summarize(measurements, costs, gammas, drafter_models)
+    summary = summarize(measurements, costs, gammas, drafter_models, stops_early)
 
     decoding = "greedy" if processor.is_greedy else f"sampling ({processor!r}), seed {args.seed}"
     report = {

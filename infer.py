@@ -78,6 +78,9 @@ def build_parser() -> argparse.ArgumentParser:
     decoding.add_argument("--num-beams", type=int, default=4, metavar="N", help="beam width for the beam strategy")
     decoding.add_argument("--alternatives", type=int, default=StrategySettings.draft_alternatives, metavar="N",
                           help="greedy: also verify the draft model's next N best tokens at each depth")
+    decoding.add_argument("--draft-cumulative", type=float, default=StrategySettings.draft_cumulative, metavar="P",
+                          help="the draft model stops once the product of its probabilities of its tokens (its "
+                               "estimate that the whole draft is accepted) falls below P; 0: always --gamma tokens")
     decoding.add_argument("--lookahead", type=int, nargs=3, metavar=("W", "N", "G"),
                           default=(StrategySettings.lookahead_window, StrategySettings.lookahead_ngram,
                                    StrategySettings.lookahead_candidates),
@@ -153,6 +156,8 @@ def check_flags(args: argparse.Namespace) -> None:
         raise InputError(f"--temperature must be >= 0, got {args.temperature}")
     if args.alternatives < 0:
         raise InputError(f"--alternatives must be >= 0, got {args.alternatives}")
+    if not 0 <= args.draft_cumulative < 1:
+        raise InputError(f"--draft-cumulative must be in [0, 1), got {args.draft_cumulative}")
     window, ngram, candidates = args.lookahead
     if window < 1 or ngram < 2 or candidates < 1:
         raise InputError(f"--lookahead W N G needs W >= 1, N >= 2, G >= 1, got {window} {ngram} {candidates}")
@@ -179,6 +184,7 @@ def make_settings(args: argparse.Namespace, strategies: tuple[str, ...]):
         return ChatSettings(strategies=strategies,
                             strategy=StrategySettings(gamma=args.gamma, num_beams=args.num_beams,
                                                       draft_alternatives=args.alternatives,
+                                                      draft_cumulative=args.draft_cumulative,
                                                       lookahead_window=args.lookahead[0],
                                                       lookahead_ngram=args.lookahead[1],
                                                       lookahead_candidates=args.lookahead[2]),

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 
 from sampling.base import DecodeConfig, Stats, Strategy
 from sampling.drafters.combined import CombinedDrafter
+from sampling.drafters.model import ModelDrafter
 from utils.caching import CachedModel
 
 
@@ -62,8 +63,13 @@ class OurStrategy(Contestant):
         self.name = strategy.name
         self.uses_drafter_model = uses_drafter_model
         # Draft length of speculative strategies; none for a mixed drafter (auto), which one gamma does not describe.
-        mixed = isinstance(getattr(strategy, "drafter", None), CombinedDrafter)
+        drafter = getattr(strategy, "drafter", None)
+        mixed = isinstance(drafter, CombinedDrafter)
         self.gamma: int | None = None if mixed else getattr(strategy, "gamma", None)
+        # A draft model that stops early drafts fewer than gamma tokens in most rounds (its bound is taken at the
+        # mean draft length).
+        self.stops_early = isinstance(drafter, ModelDrafter) and bool(drafter.confidence or drafter.cumulative
+                                                                      or drafter.adaptive)
 
     def run(self, prompt_ids: list[int], config: DecodeConfig) -> Generation:
         for lm in self.models:
@@ -88,4 +94,5 @@ class OurStrategy(Contestant):
 
     def describe(self) -> dict:
         return {"name": self.name, "kind": self.kind, "class": type(self.strategy).__name__, "gamma": self.gamma,
-                "uses_drafter_model": self.uses_drafter_model, "settings": self.settings}
+                "stops_early": self.stops_early, "uses_drafter_model": self.uses_drafter_model,
+                "settings": self.settings}

@@ -28,18 +28,20 @@ ALL = "all"
 
 
 def summarize(measurements: list[dict], costs: ForwardCosts | None, gammas: dict[str, int],
-              drafter_models: set[str]) -> dict:
+              drafter_models: set[str], stops_early: set[str] = frozenset()) -> dict:
     """{"overall": {strategy: stats}, "by_category": {category: {strategy: stats}}}. `gammas`: each drafting
     strategy's draft length; `drafter_models` names the strategies whose drafts come from the drafter model (their
-    bound counts T_draft, the others draft for free)."""
+    bound counts T_draft, the others draft for free); `stops_early` those whose draft model drafts fewer tokens when
+    unsure: their bound is the fixed-length one at their mean draft length (drafter forwards per round), so an
+    efficiency above 100% is what stopping early gains over drafting that many tokens every round."""
     categories = sorted({m["category"] for m in measurements})
-    by_category = {c: _group([m for m in measurements if m["category"] == c], costs, gammas, drafter_models)
-                   for c in categories}
-    return {"overall": _group(measurements, costs, gammas, drafter_models), "by_category": by_category}
+    by_category = {c: _group([m for m in measurements if m["category"] == c], costs, gammas, drafter_models,
+                             stops_early) for c in categories}
+    return {"overall": _group(measurements, costs, gammas, drafter_models, stops_early), "by_category": by_category}
 
 
 def _group(measurements: list[dict], costs: ForwardCosts | None, gammas: dict[str, int],
-           drafter_models: set[str]) -> dict:
+           drafter_models: set[str], stops_early: set[str]) -> dict:
     strategies = list(dict.fromkeys(m["strategy"] for m in measurements))
     stats = {s: _stats([m for m in measurements if m["strategy"] == s]) for s in strategies}
     for name, s in stats.items():
@@ -49,6 +51,9 @@ def _group(measurements: list[dict], costs: ForwardCosts | None, gammas: dict[st
                                                        stats.get(REFERENCE, {}).get("decode_tokens_per_second"))
         s["speedup_bound"] = None
         gamma = gammas.get(name)
+        if name in stops_early and gamma is not None and s["rounds"]:
+            gamma = min(gamma, max(1, round(s["drafter_forwards"] / s["rounds"])))
+        s["bound_gamma"] = gamma
         if s["alpha"] is not None and costs is not None and gamma is not None:
             t_draft = costs.t_draft_1 if name in drafter_models else 0.0
             if t_draft is not None:
@@ -78,6 +83,7 @@ def _stats(ms: list[dict]) -> dict:
         "mean_time_to_first_token": sum(m["time_to_first_token"] for m in ms) / len(ms) if ms else 0.0,
         "rounds": rounds,
         "mean_tokens_per_round": tokens / rounds if rounds else 0.0,
+        "drafter_forwards": sum(m.get("drafter_forwards") or 0 for m in ms),
         "drafted": drafted,
         "accepted": accepted,
         "tested": tested,
@@ -241,7 +247,9 @@ def markdown(report: dict) -> str:
             f"{costs['verify_cost_ratio']:.2f}× one step), T_draft(1) = {draft} (drafter/target cost ratio c = {ratio}).",
             "The bound is Leviathan et al.'s S = E[N]·T_target(1) / (γ·T_draft + T_target(γ+1)), "
             "E[N] = (1 − α^(γ+1)) / (1 − α), with α the measured per-token acceptance (accepted / drafts checked); "
-            "n-gram and lookup drafts cost nothing.",
+            "n-gram and lookup drafts cost nothing. A draft model that stops early (a cumulative or confidence "
+            "threshold) is bounded at its mean draft length, drafter forwards per round: its efficiency above 100% is "
+            "what stopping early gains over drafting that many tokens every round.",
             "",
         ]
     lines += ["### What was run", ""]

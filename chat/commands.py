@@ -327,6 +327,19 @@ def _alternatives(app: ChatApp, arg: str) -> None:
                                                      "verified too (greedy only)"))
 
 
+def _cumulative(app: ChatApp, arg: str) -> None:
+    text = one_word(arg)
+    try:
+        p = float(text)
+    except ValueError:
+        raise UsageError(f"the cumulative threshold must be a number, got {text!r}") from None
+    if not 0 <= p < 1:
+        raise UsageError(f"the cumulative threshold must be in [0, 1), got {text}")
+    app.session.update_strategy(draft_cumulative=p)
+    app.console.print(f"draft cumulative threshold = {p:g}" + (": the draft model always drafts gamma tokens" if p == 0
+                      else ": the draft model stops once the product of its token probabilities falls below it"))
+
+
 def _lookahead_params(app: ChatApp, arg: str) -> None:
     words = arg.split()
     if len(words) != 3:
@@ -452,6 +465,9 @@ def build_commands(strategies: tuple[str, ...] = STRATEGIES) -> dict[str, Comman
         Command("alternatives", _alternatives, "/alternatives N",
                 "greedy: verify the draft model's next N best tokens at each depth too (0: a chain)",
                 lambda app: str(s(app).strategy.draft_alternatives)),
+        Command("cumulative", _cumulative, "/cumulative P",
+                "the draft model stops once the product of its token probabilities falls below P (0: off)",
+                lambda app: f"{s(app).strategy.draft_cumulative:g}"),
         Command("lookahead-params", _lookahead_params, "/lookahead-params W N G",
                 "lookahead: Jacobi window W, n-gram size N, verified candidates G",
                 lambda app: f"{s(app).strategy.lookahead_window} {s(app).strategy.lookahead_ngram} "

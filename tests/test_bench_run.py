@@ -9,6 +9,8 @@ import struct
 import pytest
 
 import bench
+from benchmarks.analytic import speedup_bound
+from benchmarks.costs import ForwardCosts
 from benchmarks.hf_baselines import build_hf_baselines, sampling_kwargs
 from benchmarks.report import summarize
 from benchmarks.runner import first_difference
@@ -32,10 +34,10 @@ MEASUREMENT_KEYS = {
     "first_difference": (int, type(None)), "token_ids": list, "text": str,
 }
 SUMMARY_KEYS = {"runs", "new_tokens", "total_time", "decode_time", "tokens_per_second", "decode_tokens_per_second",
-                "mean_time_to_first_token", "rounds", "mean_tokens_per_round", "drafted", "accepted", "tested",
+                "mean_time_to_first_token", "rounds", "mean_tokens_per_round", "drafter_forwards", "drafted", "accepted", "tested",
                 "acceptance_rate", "alpha", "acceptance_by_position", "identical", "compared",
                 "speedup_vs_autoregressive", "speedup_vs_hf_generate", "decode_speedup_vs_autoregressive",
-                "speedup_bound", "efficiency"}
+                "bound_gamma", "speedup_bound", "efficiency"}
 
 
 @pytest.fixture(scope="module")
@@ -173,6 +175,22 @@ def test_summary_is_ratio_of_sums():
     assert overall["x"]["speedup_vs_hf_generate"] is None
 
 
+@pytest.mark.parametrize("stops_early, gamma", [(set(), 4), ({"speculative"}, 2)])
+def test_bound_of_a_drafter_that_stops_early_is_taken_at_its_mean_draft_length(stops_early, gamma):
+    costs = ForwardCosts(context_length=10, gamma=4, repeats=1, t_target_1=1.0, t_target_verify=1.2, t_draft_1=0.25,
+                         t_target_verify_by_gamma={2: 1.1, 4: 1.2})
+    common = {"category": "c", "new_tokens": 30, "time_to_first_token": 0.5, "identical_to_autoregressive": None}
+    ms = [{**common, "strategy": "autoregressive", "total_time": 30.0, "decode_time": 29.0, "rounds": 30,
+           "drafted": None, "accepted": None, "tested": None},
+          {**common, "strategy": "speculative", "total_time": 15.0, "decode_time": 14.0, "rounds": 10,
+           "drafter_forwards": 21, "drafted": 21, "accepted": 16, "tested": 20,  # 2.1 drafts per round
+           "drafted_by_position": [10, 8, 3], "accepted_by_position": [9, 6, 1]}]
+    s = summarize(ms, costs, {"speculative": 4}, {"speculative"}, stops_early)["overall"]["speculative"]
+    assert s["bound_gamma"] == gamma
+    assert s["speedup_bound"] == pytest.approx(speedup_bound(0.8, gamma, 1.0, costs.verify_time(gamma), 0.25))
+    assert s["efficiency"] == pytest.approx(s["decode_speedup_vs_autoregressive"] / s["speedup_bound"])
+
+
 def test_bad_flags_are_refused(capsys):
     with pytest.raises(SystemExit):
         bench.parse_args(["--strategies", "autoregressive,warp"])
@@ -184,6 +202,9 @@ def test_bad_flags_are_refused(capsys):
     with pytest.raises(SystemExit):
         bench.parse_args(["--alternatives", "-1"])
     assert "--alternatives must be >= 0, got -1" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        bench.parse_args(["--draft-cumulative", "1.5"])
+    assert "--draft-cumulative must be in [0, 1), got 1.5" in capsys.readouterr().err
 
 
 def test_default_selection():

@@ -76,6 +76,9 @@ def test_every_strategy_has_a_toggle(app):
     ("/beams 3", "beams = 3", lambda s: s.strategy.num_beams == 3),
     ("/alternatives 2", "draft alternatives = 2", lambda s: s.strategy.draft_alternatives == 2),
     ("/alternatives 0", "draft alternatives = 0 (a chain)", lambda s: s.strategy.draft_alternatives == 0),
+    ("/cumulative 0.7", "draft cumulative threshold = 0.7: the draft model stops",
+     lambda s: s.strategy.draft_cumulative == 0.7),
+    ("/cumulative 0", "always drafts gamma tokens", lambda s: s.strategy.draft_cumulative == 0),
     ("/lookahead-params 3 4 2", "W = 3, n-gram size N = 4, candidates G = 2 (up to 15 tokens per forward)",
      lambda s: (s.strategy.lookahead_window, s.strategy.lookahead_ngram, s.strategy.lookahead_candidates)
      == (3, 4, 2)),
@@ -113,6 +116,8 @@ def test_good_arguments_change_the_setting(app, line, expected, setting):
     ("/lookup-ngram 2 3", "min n-gram must be from 1 to 2"),
     ("/beams 0", "number of beams must be from 1"),
     ("/alternatives -1", "draft alternatives must be from 0 to 8"),
+    ("/cumulative 1", "the cumulative threshold must be in [0, 1), got 1"),
+    ("/cumulative half", "the cumulative threshold must be a number, got 'half'"),
     ("/lookahead-params 2 3", "expected W N G"),
     ("/lookahead-params 2 1 1", "n-gram size N must be from 2 to 8"),
     ("/lookahead-params 0 3 1", "window W must be from 1 to 16"),

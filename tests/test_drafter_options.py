@@ -1,5 +1,5 @@
-"""Drafting economies (confidence stop, adaptive draft length) and the automatic combined drafter save drafter work
-without changing the output."""
+"""Drafting economies (confidence stop, cumulative-confidence stop, adaptive draft length) and the automatic combined
+drafter save drafter work without changing the output."""
 
 import copy
 
@@ -24,12 +24,15 @@ def expected(target_model):
     return Autoregressive(CachedModel(target_model)).generate(PROMPT, CONFIG).token_ids
 
 
-@pytest.mark.parametrize("confidence, adaptive", [(0.0, True), (0.5, False), (0.3, True)])
+@pytest.mark.parametrize("confidence, adaptive, cumulative", [(0.0, True, 0.0), (0.5, False, 0.0), (0.3, True, 0.0),
+                                                               (0.0, False, 0.5), (0.2, False, 0.3)])
 @pytest.mark.parametrize("drafter", ["self", "small"])
-def test_economies_keep_greedy_output(target_model, small_drafter_model, expected, confidence, adaptive, drafter):
+def test_economies_keep_greedy_output(target_model, small_drafter_model, expected, confidence, adaptive, cumulative,
+                                      drafter):
     model = target_model if drafter == "self" else small_drafter_model
     plain = Speculative(CachedModel(target_model), ModelDrafter(CachedModel(model), 97), 6).generate(PROMPT, CONFIG)
-    thrifty = Speculative(CachedModel(target_model), ModelDrafter(CachedModel(model), 97, confidence, adaptive), 6)
+    thrifty = Speculative(CachedModel(target_model),
+                          ModelDrafter(CachedModel(model), 97, confidence, adaptive, cumulative=cumulative), 6)
     result = thrifty.generate(PROMPT, CONFIG)
     assert result.token_ids == plain.token_ids == expected
     if drafter == "small":  # a drafter that is always wrong: the economies cut its wasted forwards
@@ -48,6 +51,32 @@ def test_adaptive_length_grows_after_full_acceptance_and_shrinks_after_rejection
 def test_bad_confidence_threshold(target_model):
     with pytest.raises(ValueError, match="confidence"):
         ModelDrafter(CachedModel(target_model), 97, confidence=1.0)
+    with pytest.raises(ValueError, match="cumulative"):
+        ModelDrafter(CachedModel(target_model), 97, cumulative=-0.1)
+
+
+@pytest.fixture(scope="module")
+def confident_model(noisy_model):
+    """A drafter sure of itself (sharpened output layer): its drafts run several tokens before the product of its
+    probabilities falls below a threshold."""
+    model = copy.deepcopy(noisy_model)
+    with torch.no_grad():
+        model.lm_head.weight.mul_(10.0)
+    return model
+
+
+@pytest.mark.parametrize("processor", [GreedyProcessor(), make_processor(temperature=1.0)], ids=["greedy", "sampled"])
+@pytest.mark.parametrize("cumulative, length", [(0.9, 1), (0.5, 2), (0.1, 5)])
+def test_cumulative_stop_ends_the_draft_where_the_product_of_drafter_probabilities_falls_below_it(
+        confident_model, processor, cumulative, length):
+    drafter = ModelDrafter(CachedModel(confident_model), 97, cumulative=cumulative)
+    draft = drafter.propose(PROMPT, 12, processor, torch.Generator().manual_seed(3))
+    with torch.inference_mode():
+        logits = confident_model(torch.tensor([PROMPT + draft.tokens])).logits[0, len(PROMPT) - 1:-1]
+    probs = logits.softmax(-1)[torch.arange(len(draft)), draft.tokens]  # the drafter's probability of each draft
+    products = probs.cumprod(0)
+    assert len(draft) == length  # stopped at the first token that took the product below the threshold
+    assert products[-1] < cumulative and (products[:-1] >= cumulative).all()
 
 
 @pytest.mark.parametrize("gamma", [1, 3, 8])

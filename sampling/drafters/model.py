@@ -16,10 +16,13 @@ class ModelDrafter(Drafter):
     Its cache is re-synced at the start of each proposal with `CachedModel.extend`: after a rejection it is cropped
     to the common prefix, after an all-accepted round the last draft and the bonus token are fed.
 
-    Two ways to spend fewer drafter forwards on tokens the target will reject (neither changes the output):
+    Three ways to spend fewer drafter forwards on tokens the target will reject (none changes the output):
     `confidence`: stop drafting once the drafter's probability of its own token falls below it (HF's
     assistant_confidence_threshold); `adaptive`: HF's heuristic schedule, the draft length grows by 2 after an
-    all-accepted round and shrinks by 1 otherwise, within [1, k].
+    all-accepted round and shrinks by 1 otherwise, within [1, k]; `cumulative`: a cost model. One more draft token
+    costs a drafter forward (c target steps) and is worth one token when it and every draft before it are accepted,
+    which the drafter estimates as the product P of its probabilities of its tokens; it pays while P / c exceeds the
+    tokens per target step the loop commits (r), so drafting stops once P < c * r: `cumulative` is that product.
 
     `alternatives` (greedy only): at each depth the drafter's next-best tokens ride along as leaves of a token tree,
     free on the drafter side (the same logits). Where the target rejects the chain's token at some depth but picks
@@ -30,9 +33,11 @@ class ModelDrafter(Drafter):
     name = "model"
 
     def __init__(self, lm: CachedModel, vocab_size: int, confidence: float = 0.0, adaptive: bool = False,
-                 alternatives: int = 0):
+                 alternatives: int = 0, cumulative: float = 0.0):
         if not 0 <= confidence < 1:
             raise ValueError(f"draft confidence threshold must be in [0, 1), got {confidence}")
+        if not 0 <= cumulative < 1:
+            raise ValueError(f"draft cumulative-confidence threshold must be in [0, 1), got {cumulative}")
         if int(alternatives) != alternatives or alternatives < 0:
             raise ValueError(f"draft alternatives must be an integer >= 0, got {alternatives}")
         self.lm = lm
@@ -40,6 +45,7 @@ class ModelDrafter(Drafter):
         # that both share one tokenizer is checked when the pair is loaded).
         self.vocab_size = vocab_size
         self.confidence, self.adaptive, self.alternatives = confidence, adaptive, int(alternatives)
+        self.cumulative = cumulative
         self.draft_length: int | None = None  # the adaptive schedule's current length
         self.proposed = 0
 
@@ -54,25 +60,28 @@ class ModelDrafter(Drafter):
     def start(self, prompt_ids: list[int]) -> None:
         self.draft_length = None
 
+    @torch.inference_mode()
     def propose(self, ids: list[int], k: int, processor: LogitsProcessor, generator: torch.Generator | None) -> Draft:
         if self.adaptive:
             self.draft_length = k if self.draft_length is None else min(self.draft_length, k)
             k = self.draft_length
         tokens, probs, leaves = [], [], []  # leaves: (depth, token) alternatives, greedy only
+        whole = 1.0  # the drafter's estimate that every draft so far is accepted
         logits = self.lm.extend(ids)  # (1, V_drafter)
         for i in range(k):
             logits = self._align(logits)
             if processor.is_greedy:
-                # greedy verification never reads q: no softmax unless asked
                 token, *others = logits[0].topk(1 + self.alternatives).indices.tolist()
                 leaves += [(i, leaf) for leaf in others]
-                sure = not self.confidence or logits.softmax(-1)[0, token] >= self.confidence
+                # greedy verification never reads q: no softmax unless a stopping rule asks
+                p = float(logits.softmax(-1)[0, token]) if self.confidence or self.cumulative else 1.0
             else:
                 probs.append(processor.probs(logits))
                 token = int(processor.sample(probs[-1], generator))
-                sure = probs[-1][0, token] >= self.confidence
+                p = float(probs[-1][0, token])
             tokens.append(token)
-            if i + 1 == k or not sure:
+            whole *= p
+            if i + 1 == k or p < self.confidence or whole < self.cumulative:
                 break
             logits = self.lm.forward([token])
         self.proposed = len(tokens)
