@@ -66,8 +66,9 @@ def build_parser() -> argparse.ArgumentParser:
                           help=f"comma-separated strategies to run, in order; the first one's answer goes into the "
                                f"chat history (default: {','.join(DEFAULT_STRATEGIES)}, without the drafter ones "
                                f"when there is no drafter). Choices: {', '.join(STRATEGIES)}")
-    decoding.add_argument("--gamma", "--draft-max", "--num-assistant-tokens", type=int, default=4, metavar="N",
-                          help="tokens drafted per round")
+    decoding.add_argument("--gamma", "--draft-max", "--num-assistant-tokens", type=int,
+                          default=StrategySettings.gamma, metavar="N",
+                          help="the most tokens drafted per round")
     decoding.add_argument("--max-new-tokens", "-n", "--n-predict", type=int, default=256, metavar="N",
                           help="max new tokens per answer")
     decoding.add_argument("--temperature", "--temp", type=float, default=0.0, metavar="T", help="0 = greedy")
