@@ -218,7 +218,7 @@ def _compare(app: ChatApp, arg: str) -> None:
 def _gamma(app: ChatApp, arg: str) -> None:
     gamma = parse_int(one_word(arg), "gamma", 1)
     app.session.update_strategy(gamma=gamma)
-    app.console.print(f"gamma (draft length) = {gamma}")
+    app.console.print(f"gamma (most tokens drafted per round) = {gamma}")
 
 
 def _length(app: ChatApp, arg: str) -> None:
@@ -433,7 +433,7 @@ def build_commands(strategies: tuple[str, ...] = STRATEGIES) -> dict[str, Comman
         Command("compare", _compare, "/compare [on|off]",
                 "on: every prompt runs all enabled strategies and shows the comparison table; off: only the first",
                 lambda app: on_off(app.compare)),
-        Command("gamma", _gamma, "/gamma N", "draft length per round (speculative, ngram, lookup)",
+        Command("gamma", _gamma, "/gamma N", "the most tokens drafted per round (speculative, auto, ngram, lookup)",
                 lambda app: str(s(app).strategy.gamma)),
         Command("length", _length, "/length N", "max new tokens per answer",
                 lambda app: str(s(app).max_new_tokens)),

@@ -55,7 +55,7 @@ def test_every_strategy_has_a_toggle(app):
 
 
 @pytest.mark.parametrize("line, expected, setting", [
-    ("/gamma 6", "gamma (draft length) = 6", lambda s: s.strategy.gamma == 6),
+    ("/gamma 6", "gamma (most tokens drafted per round) = 6", lambda s: s.strategy.gamma == 6),
     ("/length 9", "max new tokens = 9", lambda s: s.max_new_tokens == 9),
     ("/seed 42", "seed = 42", lambda s: s.seed == 42),
     ("/seed random", "seed = random", lambda s: s.seed is None),

@@ -126,7 +126,7 @@ def test_a_session_in_the_real_repl(repl):
     repl.line("/gamma 0")
     assert "/gamma: gamma must be >= 1, got 0  (usage: /gamma N)" in repl.expect(r"usage: /gamma N\)")
     repl.line("/gamma 3")
-    repl.expect(r"gamma \(draft length\) = 3")
+    repl.expect(r"gamma \(most tokens drafted per round\) = 3")
     repl.line("/gama 5")
     repl.expect(r"unknown command /gama; did you mean /gamma\?")
     repl.line("/seed 5")
@@ -134,7 +134,7 @@ def test_a_session_in_the_real_repl(repl):
     repl.expect(PROMPT)
     repl.send("\x1b[A\x1b[A\x1b[A")  # up-arrow three times: back to "/gamma 3"
     repl.send("\r")
-    repl.expect(r"gamma \(draft length\) = 3")
+    repl.expect(r"gamma \(most tokens drafted per round\) = 3")
     repl.expect(PROMPT)
 
     repl.line("/system Be\\")  # a trailing backslash continues the line

@@ -11,6 +11,7 @@ from sampling.base import DecodeConfig
 from sampling.drafters.model import ModelDrafter
 from sampling.drafters.ngram import NGramDrafter
 from sampling.drafters.prompt_lookup import PromptLookupDrafter
+from sampling.registry import StrategySettings
 from sampling.speculative import Speculative
 from utils.caching import CachedModel
 
@@ -52,6 +53,12 @@ DRAFTERS = {
     # prompts prefilled by the target's weights, drafts decoded by the noisy copy's (an int8 drafter's dense prefill)
     "noisy-dense-prefill": lambda m: ModelDrafter(CachedModel(m["noisy"], prefill_model=m["target"], prefill_from=3),
                                                   m["target"].config.vocab_size),
+    # the shipped settings: one alternative per depth, the cumulative stop
+    "noisy-defaults": lambda m: ModelDrafter(CachedModel(m["noisy"]), m["target"].config.vocab_size,
+                                             alternatives=StrategySettings.draft_alternatives,
+                                             cumulative=StrategySettings.draft_cumulative),
+    "self-cumulative": lambda m: ModelDrafter(CachedModel(m["target"]), m["target"].config.vocab_size,
+                                              cumulative=StrategySettings.draft_cumulative),
     "ngram-basic": lambda m: NGramDrafter(3, "basic"),
     "ngram-one-level": lambda m: NGramDrafter(2, "one-level"),
     "ngram-filler": lambda m: NGramDrafter(4, "basic", filler_top_k=3),
