@@ -19,7 +19,7 @@ from rich.console import Console
 
 from sampling.registry import NEEDS_DRAFTER, STRATEGIES, StrategySettings
 
-QUANTIZE = ("none", "int8", "auto")  # utils.loading.QUANTIZE_CHOICES, not imported so that --help stays instant
+QUANTIZE = ("none", "int8", "int4", "auto")  # utils.loading.QUANTIZE_CHOICES, not imported so that --help stays instant
 
 DEFAULT_STRATEGIES = ("auto", "speculative", "autoregressive")
 HISTORY_FILE = Path("~/.cache/specchat/history").expanduser()
@@ -54,10 +54,9 @@ def build_parser() -> argparse.ArgumentParser:
                         help="drafter model, same kinds of SPEC; 'none' for no drafter")
     models.add_argument("--device", metavar="DEVICE", help="auto, cpu, cuda, cuda:N or mps (default: the preset's)")
     models.add_argument("--dtype", default="auto", help="auto, float32, bfloat16, float16 or float64")
-    models.add_argument("--target-quantize", choices=QUANTIZE,
-                        help="target weights; auto: int8 with 16-bit activations (default: the preset's)")
-    models.add_argument("--drafter-quantize", choices=QUANTIZE,
-                        help="drafter weights; auto: int8 with 16-bit activations (default: the preset's)")
+    low_bit = "int4 needs bfloat16; auto: int4 on a bf16 CPU, int8 on CUDA (default: the preset's)"
+    models.add_argument("--target-quantize", choices=QUANTIZE, help=f"target weights; {low_bit}")
+    models.add_argument("--drafter-quantize", choices=QUANTIZE, help=f"drafter weights; {low_bit}")
     models.add_argument("--trust-remote-code", action="store_true", help="allow models that ship their own code")
     models.add_argument("--cache-dir", type=Path, metavar="DIR", help="where converted embedded models are kept "
                                                        "(default ~/.cache/specchat)")

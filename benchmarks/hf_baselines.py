@@ -25,12 +25,13 @@ from transformers.generation.streamers import BaseStreamer
 
 from benchmarks.contestants import Contestant, Generation
 from sampling.base import DecodeConfig, clip
+from utils.loading import quantize_weights
 from utils.logits_processor import LogitsProcessor
 
-HF_BASELINES = ("hf_generate", "hf_assisted", "hf_assisted_gamma", "hf_assisted_int8", "hf_universal",
-                "hf_prompt_lookup")
+HF_BASELINES = ("hf_generate", "hf_assisted", "hf_assisted_gamma", "hf_assisted_int8", "hf_assisted_int4",
+                "hf_universal", "hf_prompt_lookup")
 ASSISTANT_SETTINGS = ("num_assistant_tokens", "num_assistant_tokens_schedule", "assistant_confidence_threshold")
-INT8_DRAFT_TOKENS = 8
+LOW_BIT_DRAFT_TOKENS = 8  # HF's best draft length with a quantized drafter on this CPU
 
 
 class TimingStreamer(BaseStreamer):
@@ -141,13 +142,12 @@ class Skipped:
     reason: str
 
 
-def int8_copy(model):
-    """A copy of `model` with int8 weights (optimum-quanto), activations in the model's dtype."""
-    from optimum.quanto import freeze, qint8, quantize  # why: slow import, only needed here
-
-    quantized = copy.deepcopy(model)
-    quantize(quantized, weights=qint8)
-    freeze(quantized)
+def quantized_drafter(drafter, bits: str):
+    """`drafter` (a LoadedModel) with `bits` weights: itself when loaded so, else a quantized copy of its dense weights."""
+    if drafter.quantize == bits:
+        return drafter.model
+    quantized = copy.deepcopy(drafter.dense if drafter.dense is not None else drafter.model)
+    quantize_weights(quantized, bits)
     return quantized
 
 
@@ -155,6 +155,7 @@ def build_hf_baselines(names: list[str], target, drafter, universal, *, gamma: i
                        explicit: bool) -> tuple[list[HFBaseline], list[Skipped]]:
     """`target`, `drafter`, `universal` are LoadedModels (the last two may be None). `explicit`: the names were
     asked for by the user (then the int8 drafter also runs in float32, where it is known to be very slow)."""
+    low_bit = {"hf_assisted_int8": "int8", "hf_assisted_int4": "int4"}
     tokenizer = target.tokenizer
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
 
@@ -169,7 +170,7 @@ def build_hf_baselines(names: list[str], target, drafter, universal, *, gamma: i
         elif name == "hf_prompt_lookup":
             built.append(make(name, f"prompt lookup decoding, {gamma} tokens, n-grams up to {lookup_max_ngram}",
                               {"prompt_lookup_num_tokens": gamma, "max_matching_ngram_size": lookup_max_ngram}))
-        elif name in ("hf_assisted", "hf_assisted_gamma", "hf_assisted_int8") and drafter is None:
+        elif name in ("hf_assisted", "hf_assisted_gamma", *low_bit) and drafter is None:
             skipped.append(Skipped(name, "no drafter model loaded"))
         elif name == "hf_assisted":
             built.append(make(name, "assisted generation with HF's default settings",
@@ -179,19 +180,21 @@ def build_hf_baselines(names: list[str], target, drafter, universal, *, gamma: i
                         "assistant_confidence_threshold": 0.0}
             built.append(make(name, f"assisted generation, {gamma} drafts every round (ours: gamma), no confidence stop",
                               {"assistant_model": drafter.model}, settings, drafter.label))
-        elif name == "hf_assisted_int8":
-            dtype = next(drafter.model.parameters()).dtype
+        elif name in low_bit:
+            bits, dtype = low_bit[name], next(drafter.model.parameters()).dtype
+            if bits == "int4" and dtype != torch.bfloat16:
+                skipped.append(Skipped(name, "int4 weights need bfloat16 activations"))
+                continue
             if dtype == torch.float32 and drafter.model.device.type == "cpu" and not explicit:
                 skipped.append(Skipped(name, "int8 weights with float32 activations take seconds per token on CPU; "
                                              "name it in --strategies to run it anyway"))
                 continue
-            settings = {**defaults, "num_assistant_tokens": INT8_DRAFT_TOKENS}
+            settings = {**defaults, "num_assistant_tokens": LOW_BIT_DRAFT_TOKENS}
             adaptive = "adaptive" if sklearn_available() else "fixed: scikit-learn is not installed"
-            built.append(make(name, f"assisted generation, int8 (optimum-quanto qint8) drafter, {INT8_DRAFT_TOKENS} "
+            built.append(make(name, f"assisted generation, {bits} (optimum-quanto) drafter, {LOW_BIT_DRAFT_TOKENS} "
                                     f"draft tokens, confidence threshold {defaults['assistant_confidence_threshold']} "
                                     f"({adaptive})",
-                              {"assistant_model": drafter.model if drafter.quantize == "int8" else int8_copy(drafter.model)},
-                              settings, f"{drafter.name} (int8)"))
+                              {"assistant_model": quantized_drafter(drafter, bits)}, settings, f"{drafter.name} ({bits})"))
         elif name == "hf_universal":
             if universal is None:
                 skipped.append(Skipped(name, "no cross-tokenizer drafter (--universal-drafter) loaded"))

@@ -11,7 +11,7 @@ import pytest
 import bench
 from benchmarks.analytic import speedup_bound
 from benchmarks.costs import ForwardCosts
-from benchmarks.hf_baselines import build_hf_baselines, sampling_kwargs
+from benchmarks.hf_baselines import build_hf_baselines, quantized_drafter, sampling_kwargs
 from benchmarks.report import summarize
 from benchmarks.runner import first_difference
 from sampling.base import DecodeConfig
@@ -22,7 +22,8 @@ from utils.logits_processor import make_processor
 
 # Every strategy the default run measures is lossless: greedy output equals autoregressive output.
 LOSSLESS = tuple(s for s in STRATEGIES if s not in bench.NOT_BY_DEFAULT)
-HF = ("hf_generate", "hf_assisted", "hf_assisted_gamma", "hf_assisted_int8", "hf_universal", "hf_prompt_lookup")
+HF = ("hf_generate", "hf_assisted", "hf_assisted_gamma", "hf_assisted_int8", "hf_assisted_int4", "hf_universal",
+      "hf_prompt_lookup")
 MEASUREMENT_KEYS = {
     "prompt_id": str, "category": str, "turn": int, "strategy": str, "kind": str, "order": int,
     "prompt_tokens": int, "new_tokens": int, "finished": bool, "time_to_first_token": float, "decode_time": float,
@@ -86,10 +87,10 @@ def test_quick_run_json(quick_run):
     assert all(costs[k] > 0 for k in ("t_target_1", "t_target_verify", "t_draft_1", "draft_cost_ratio"))
 
     # hf_universal needs a model with another tokenizer: skipped with its reason; every other one ran.
-    assert [s["name"] for s in report["skipped_contestants"]] == ["hf_universal"]
+    assert [s["name"] for s in report["skipped_contestants"]] == ["hf_assisted_int4", "hf_universal"]  # float32
     assert report["skipped_contestants"][0]["reason"]
     names = [c["name"] for c in report["contestants"]]
-    assert names == [n for n in LOSSLESS + HF if n != "hf_universal"]
+    assert names == [n for n in LOSSLESS + HF if n not in ("hf_assisted_int4", "hf_universal")]
 
     measurements = report["measurements"]
     # 2 prompts: the multi-turn chat one (2 turns, both measured) and a code one: 3 turns per contestant.
@@ -151,6 +152,19 @@ def test_int8_baseline_skipped_in_float32_unless_named(checkpoints):
     built, skipped = build_hf_baselines(["hf_assisted_int8", "hf_assisted"], target, None, None, gamma=4,
                                         lookup_max_ngram=3, explicit=True)
     assert not built and all(s.reason == "no drafter model loaded" for s in skipped)
+    built, skipped = build_hf_baselines(["hf_assisted_int4"], target, drafter, None, gamma=4, lookup_max_ngram=3,
+                                        explicit=True)
+    assert not built and "bfloat16" in skipped[0].reason
+
+
+def test_the_quantized_baseline_drafter_is_the_loaded_one_or_a_copy_of_the_dense_weights(checkpoints):
+    dense = load_model(str(checkpoints[1]), device="cpu", dtype="float32", progress=False)
+    int8 = load_model(str(checkpoints[1]), device="cpu", dtype="float32", quantize="int8", keep_dense=True,
+                      progress=False)
+    assert quantized_drafter(int8, "int8") is int8.model
+    copied = quantized_drafter(dense, "int8")
+    assert type(copied.model.layers[0].mlp.up_proj).__name__ == "QLinear"
+    assert type(dense.model.model.layers[0].mlp.up_proj).__name__ == "Linear"  # the loaded drafter is untouched
 
 
 def test_sampling_kwargs_are_explicit():

@@ -6,6 +6,7 @@ import copy
 import pytest
 import torch
 
+from conftest import tiny_model
 from sampling.autoregressive import Autoregressive
 from sampling.base import DecodeConfig
 from sampling.drafters.model import ModelDrafter
@@ -14,6 +15,7 @@ from sampling.drafters.prompt_lookup import PromptLookupDrafter
 from sampling.registry import StrategySettings
 from sampling.speculative import Speculative
 from utils.caching import CachedModel
+from utils.loading import quantize_weights
 
 PROMPT = [5, 17, 42, 8, 5, 17, 42, 9, 33, 5, 17]
 MAX_NEW = 48
@@ -28,6 +30,16 @@ def noisy_copy_model(target_model):
         w = model.lm_head.weight
         w.add_(torch.randn(w.shape, generator=generator, dtype=w.dtype) * w.std() * 0.25)
     return model
+
+
+@pytest.fixture(scope="module")
+def int4_drafter_models():
+    """A bfloat16 drafter wide enough for the packed int4 kernel (inputs in groups of 128), and its dense weights."""
+    dense = tiny_model(seed=2, layers=1, hidden=256, dtype=torch.bfloat16)
+    int4 = copy.deepcopy(dense)
+    quantize_weights(int4, "int4")
+    assert type(int4.model.layers[0].self_attn.q_proj.weight).__name__ == "TinyGemmWeightQBitsTensor"
+    return int4, dense
 
 
 @pytest.fixture(scope="module")
@@ -59,6 +71,10 @@ DRAFTERS = {
                                              cumulative=StrategySettings.draft_cumulative),
     "self-cumulative": lambda m: ModelDrafter(CachedModel(m["target"]), m["target"].config.vocab_size,
                                               cumulative=StrategySettings.draft_cumulative),
+    # the embedded preset's drafter: int4 weights decode (bfloat16 activations), dense weights prefill
+    "int4-dense-prefill": lambda m: ModelDrafter(CachedModel(m["int4"], prefill_model=m["int4-dense"], prefill_from=3),
+                                                 m["target"].config.vocab_size,
+                                                 cumulative=StrategySettings.draft_cumulative),
     "ngram-basic": lambda m: NGramDrafter(3, "basic"),
     "ngram-one-level": lambda m: NGramDrafter(2, "one-level"),
     "ngram-filler": lambda m: NGramDrafter(4, "basic", filler_top_k=3),
@@ -70,8 +86,9 @@ DRAFTERS = {
 @pytest.mark.parametrize("gamma", [1, 2, 4, 8])
 @pytest.mark.parametrize("drafter", list(DRAFTERS))
 def test_greedy_speculative_equals_greedy_autoregressive(target_model, small_drafter_model, noisy_copy_model,
-                                                         reference, drafter, gamma, stop):
-    models = {"target": target_model, "small": small_drafter_model, "noisy": noisy_copy_model}
+                                                         int4_drafter_models, reference, drafter, gamma, stop):
+    models = {"target": target_model, "small": small_drafter_model, "noisy": noisy_copy_model,
+              "int4": int4_drafter_models[0], "int4-dense": int4_drafter_models[1]}
     expected, end_ids = reference[stop]
     strategy = Speculative(CachedModel(target_model), DRAFTERS[drafter](models), gamma)
     result = strategy.generate(PROMPT, DecodeConfig(max_new_tokens=MAX_NEW, end_ids=end_ids))

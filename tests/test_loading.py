@@ -119,21 +119,50 @@ def test_int8_replaces_linear_weights_and_keeps_the_prediction_close(tiny_dir):
 
 
 @pytest.mark.parametrize("dtype, device, expected", [
-    (torch.bfloat16, "cpu", "int8"), (torch.float32, "cpu", "none"), (torch.float16, "cpu", "none"),
+    (torch.bfloat16, "cpu", "int4"), (torch.float32, "cpu", "none"), (torch.float16, "cpu", "none"),
     (torch.float16, "cuda", "int8"), (torch.bfloat16, "cuda", "int8"), (torch.float32, "cuda", "none"),
     (torch.bfloat16, "mps", "none"),
 ])
-def test_auto_quantize_is_int8_only_with_fast_int8_kernels(dtype, device, expected):
+def test_auto_quantize_picks_the_low_bit_kernels_that_pay_off(dtype, device, expected):
     assert loading.resolve_quantize("auto", dtype, torch.device(device)) == expected
     assert loading.resolve_quantize("none", dtype, torch.device(device)) == "none"
     assert loading.resolve_quantize("int8", dtype, torch.device(device)) == "int8"
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.float64])
+def test_int4_without_bfloat16_activations_is_refused_with_the_fix(dtype):
+    with pytest.raises(ModelLoadError, match="int4 weights need bfloat16") as raised:
+        loading.resolve_quantize("int4", dtype, torch.device("cpu"))
+    assert "--dtype bfloat16" in str(raised.value)
+    assert loading.resolve_quantize("int4", torch.bfloat16, torch.device("cpu")) == "int4"
+
+
+def test_int4_packs_the_layers_its_kernel_takes_and_keeps_the_rest_dense(tmp_path):
+    # hidden 256 splits into groups of 128; a 64-wide input does not, nor does a vocabulary of 64 + 1 rows split by
+    # 16 (quanto's generic int4 path would fail there)
+    torch.manual_seed(0)
+    config = LlamaConfig(vocab_size=65, hidden_size=256, intermediate_size=64, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64)
+    LlamaForCausalLM(config).save_pretrained(tmp_path / "wide")
+    make_tokenizer().save_pretrained(tmp_path / "wide")
+    dense = load_model(str(tmp_path / "wide"), device="cpu", dtype="bfloat16", progress=False)
+    int4 = load_model(str(tmp_path / "wide"), device="cpu", dtype="bfloat16", quantize="auto", keep_dense=True,
+                      progress=False)
+    assert (int4.quantize, int4.label) == ("int4", "wide (int4)")
+    mlp = int4.model.model.layers[0].mlp
+    assert type(mlp.up_proj.weight).__name__ == "TinyGemmWeightQBitsTensor"  # in 256
+    assert type(mlp.down_proj).__name__ == "Linear"  # in 64
+    assert type(int4.model.lm_head).__name__ == "Linear"  # out 65
+    assert type(int4.dense.model.layers[0].mlp.up_proj).__name__ == "Linear"
+    ids = torch.tensor([[5, 9, 12, 7]])
+    with torch.inference_mode():  # the forward the strategies run
+        dense_logits, int4_logits = dense.model(ids).logits.float(), int4.model(ids).logits.float()
+    error = (int4_logits - dense_logits).norm() / dense_logits.norm()
+    assert 0 < error < 0.3  # 4-bit rounding of random weights: close, not equal
+
+
 def test_auto_quantize_when_loading_records_what_was_applied(tiny_dir):
-    bf16 = load_model(str(tiny_dir), device="cpu", dtype="bfloat16", quantize="auto", progress=False)
     fp32 = load_model(str(tiny_dir), device="cpu", dtype="float32", quantize="auto", progress=False)
-    assert (bf16.quantize, bf16.label) == ("int8", "tiny-llama (int8)")
-    assert type(bf16.model.model.layers[0].mlp.up_proj).__name__ == "QLinear"
     assert (fp32.quantize, fp32.label) == ("none", "tiny-llama")
     assert type(fp32.model.model.layers[0].mlp.up_proj).__name__ == "Linear"
 
@@ -151,7 +180,7 @@ def test_an_int8_model_keeps_its_dense_weights_when_asked(tiny_dir):
 
 def test_unknown_quantize_is_rejected(tiny_dir):
     with pytest.raises(ModelLoadError, match="int8"):
-        load_model(str(tiny_dir), device="cpu", quantize="int4", progress=False)
+        load_model(str(tiny_dir), device="cpu", quantize="int2", progress=False)
 
 
 def test_missing_path_names_the_path(tmp_path):

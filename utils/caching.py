@@ -57,7 +57,7 @@ class CachedModel:
     """A causal LM with its own DynamicCache and the list of tokens that cache holds (batch of one).
 
     `prefill_model`: the same weights in another form, fed every forward of at least `prefill_from` tokens (prompts)
-    while `model` takes the short ones (decoding). An int8 model decodes faster than a dense one on a CPU, where a
+    while `model` takes the short ones (decoding). A low-bit model decodes faster than a dense one on a CPU, where a
     one-token forward is bound by the bytes of weights read, but prefills several times slower (0.5B, 150 tokens:
     1.22 s int8, 0.30 s bf16). Both fill the one cache; drafts from it are verified as always.
     """
