@@ -25,7 +25,7 @@ from transformers.generation.streamers import BaseStreamer
 
 from benchmarks.contestants import Contestant, Generation
 from sampling.base import DecodeConfig, clip
-from utils.loading import quantize_weights
+from utils.loading import ModelLoadError, quantize_weights, resolve_quantize
 from utils.logits_processor import LogitsProcessor
 
 HF_BASELINES = ("hf_generate", "hf_assisted", "hf_assisted_gamma", "hf_assisted_int8", "hf_assisted_int4",
@@ -182,8 +182,10 @@ def build_hf_baselines(names: list[str], target, drafter, universal, *, gamma: i
                               {"assistant_model": drafter.model}, settings, drafter.label))
         elif name in low_bit:
             bits, dtype = low_bit[name], next(drafter.model.parameters()).dtype
-            if bits == "int4" and dtype != torch.bfloat16:
-                skipped.append(Skipped(name, "int4 weights need bfloat16 activations"))
+            try:  # the loader's rules for these weights (int4: bfloat16 activations only)
+                resolve_quantize(bits, dtype, drafter.model.device)
+            except ModelLoadError as error:
+                skipped.append(Skipped(name, str(error)))
                 continue
             if dtype == torch.float32 and drafter.model.device.type == "cpu" and not explicit:
                 skipped.append(Skipped(name, "int8 weights with float32 activations take seconds per token on CPU; "
