@@ -38,7 +38,7 @@ def int4_drafter_models():
     dense = tiny_model(seed=2, layers=1, hidden=256, dtype=torch.bfloat16)
     int4 = copy.deepcopy(dense)
     quantize_weights(int4, "int4")
-    assert type(int4.model.layers[0].self_attn.q_proj.weight).__name__ == "TinyGemmWeightQBitsTensor"
+    assert type(int4.model.layers[0].self_attn.q_proj).__name__ == "Int4Linear"
     return int4, dense
 
 

@@ -137,9 +137,16 @@ def test_int4_without_bfloat16_activations_is_refused_with_the_fix(dtype):
     assert loading.resolve_quantize("int4", torch.bfloat16, torch.device("cpu")) == "int4"
 
 
+@pytest.mark.parametrize("device", ["cuda", "mps"])
+def test_int4_off_the_cpu_is_refused_with_the_fix(device):
+    with pytest.raises(ModelLoadError, match=f"CPU kernel, not on {device}") as raised:
+        loading.resolve_quantize("int4", torch.bfloat16, torch.device(device))
+    assert "use int8" in str(raised.value)
+
+
 def test_int4_packs_the_layers_its_kernel_takes_and_keeps_the_rest_dense(tmp_path):
     # hidden 256 splits into groups of 128; a 64-wide input does not, nor does a vocabulary of 64 + 1 rows split by
-    # 16 (quanto's generic int4 path would fail there)
+    # 16 (the packed kernel's layout)
     torch.manual_seed(0)
     config = LlamaConfig(vocab_size=65, hidden_size=256, intermediate_size=64, num_hidden_layers=2,
                          num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64)
@@ -150,7 +157,7 @@ def test_int4_packs_the_layers_its_kernel_takes_and_keeps_the_rest_dense(tmp_pat
                       progress=False)
     assert (int4.quantize, int4.label) == ("int4", "wide (int4)")
     mlp = int4.model.model.layers[0].mlp
-    assert type(mlp.up_proj.weight).__name__ == "TinyGemmWeightQBitsTensor"  # in 256
+    assert type(mlp.up_proj).__name__ == "Int4Linear"  # in 256
     assert type(mlp.down_proj).__name__ == "Linear"  # in 64
     assert type(int4.model.lm_head).__name__ == "Linear"  # out 65
     assert type(int4.dense.model.layers[0].mlp.up_proj).__name__ == "Linear"

@@ -75,7 +75,7 @@ class CachedModel:
 
     @property
     def vocab_size(self) -> int:
-        return self.model.get_output_embeddings().weight.shape[0]
+        return self.model.get_output_embeddings().out_features
 
     def reset(self) -> None:
         self.crop(0)

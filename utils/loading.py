@@ -33,11 +33,11 @@ from transformers import (
 )
 from transformers.utils import logging as hf_logging
 
+from utils.int4 import to_int4
+
 EMBEDDED_REQUIREMENTS = "requirements-embedded.txt"
 MARKER_NAME = "complete.json"
 QUANTIZE_CHOICES = ("none", "int8", "int4", "auto")  # auto: the low-bit weights that pay off (resolve_quantize)
-# optimum-quanto's packed int4 kernel (tinygemm) takes input features in groups of 128, output features by 16s
-INT4_GROUP, INT4_OUT_MULTIPLE = 128, 16
 # Tokens that close a chat turn in common templates. "<|endoftext|>" is left out on purpose: it ends
 # a turn only where it is the eos token, and then the eos ids already hold it.
 END_OF_TURN_TOKENS = ("<|im_end|>", "<|eot_id|>", "<|end|>", "<end_of_turn>")
@@ -112,7 +112,7 @@ class Preset:
 PRESETS: dict[str, Preset] = {
     preset.name: preset
     for preset in (
-        # "auto" gives the drafter int4 weights on a bf16 CPU: a one-token 0.5B forward costs ~33 ms against ~80 ms
+        # "auto" gives the drafter int4 weights on a bf16 CPU: a one-token 0.5B forward costs ~40 ms against ~80 ms
         # int8 and ~180 ms bf16, and acceptance stays the same (12 prompts: speculative 1.80x -> 2.19x median over
         # autoregressive). It keeps the drafter dense in float32, where quanto's low-bit kernels do not apply.
         Preset(name="embedded", target="qwen2.5-coder-1.5b", drafter="qwen2.5-coder-0.5b", drafter_quantize="auto"),
@@ -521,11 +521,14 @@ def load_model(
 def resolve_quantize(quantize: str, dtype: torch.dtype, device: torch.device) -> str:
     """ "none", "int8" or "int4". "auto": int4 on a bfloat16 CPU, int8 with 16-bit activations on CUDA (low-bit
     weights cut the bytes a one-token forward reads), none otherwise (float32 activations make quanto's low-bit
-    paths far slower). int4 runs on quanto's packed kernel, which takes bfloat16 activations only."""
+    paths far slower). int4 runs on torch's packed int4 CPU kernel, which takes bfloat16 activations only."""
     if quantize not in QUANTIZE_CHOICES:
         raise ModelLoadError(f"Unknown quantize {quantize!r}; use one of: {', '.join(QUANTIZE_CHOICES)}.")
+    if quantize == "int4" and device.type != "cpu":
+        raise ModelLoadError(f"int4 weights run on torch's packed int4 CPU kernel, not on {device.type}. "
+                             f"Fix: use int8, or add --device cpu.")
     if quantize == "int4" and dtype != torch.bfloat16:
-        raise ModelLoadError(f"int4 weights need bfloat16 activations (optimum-quanto's packed int4 kernel), not "
+        raise ModelLoadError(f"int4 weights need bfloat16 activations (torch's packed int4 CPU kernel), not "
                              f"{str(dtype).removeprefix('torch.')}. Fix: add --dtype bfloat16, or use int8.")
     if quantize != "auto":
         return quantize
@@ -626,22 +629,18 @@ def _transformers_progress(enabled: bool) -> Iterator[None]:
 
 
 def quantize_weights(model: PreTrainedModel, quantize: str) -> None:
-    """Give `model` int8 or int4 weights in place (optimum-quanto); activations keep the model's dtype.
+    """Give `model` int8 weights (optimum-quanto) or int4 ones (`utils.int4`) in place; activations keep its dtype.
 
-    int4 covers the linear layers of the packed kernel's shapes (input in groups of `INT4_GROUP`, output a multiple of
-    `INT4_OUT_MULTIPLE`); the others stay dense (quanto's generic int4 path fails under inference mode)."""
-    from optimum.quanto import freeze, qint4, qint8, quantize as quanto_quantize  # why: slow import
-
+    int4 covers the linear layers of the packed kernel's shapes (`utils.int4.fits`); the others stay dense."""
     if quantize == "int8":
+        from optimum.quanto import freeze, qint8, quantize as quanto_quantize  # why: slow import
+
         quanto_quantize(model, weights=qint8)
+        freeze(model)
     elif quantize == "int4":
-        dense = [name for name, module in model.named_modules() if isinstance(module, torch.nn.Linear)
-                 and (module.in_features <= INT4_GROUP or module.in_features % INT4_GROUP
-                      or module.out_features % INT4_OUT_MULTIPLE)]
-        quanto_quantize(model, weights=qint4, exclude=dense or None)
+        to_int4(model)
     else:
         raise ValueError(f"cannot quantize weights to {quantize!r}; use int8 or int4")
-    freeze(model)
 
 
 # ---------------------------------------------------------------------------------------------
