@@ -83,7 +83,7 @@ DRAFTERS = {
 
 
 @pytest.mark.parametrize("stop", ["none", "end"])
-@pytest.mark.parametrize("gamma", [1, 2, 4, 8])
+@pytest.mark.parametrize("gamma", [1, 2, 4, 8, StrategySettings.gamma])
 @pytest.mark.parametrize("drafter", list(DRAFTERS))
 def test_greedy_speculative_equals_greedy_autoregressive(target_model, small_drafter_model, noisy_copy_model,
                                                          int4_drafter_models, reference, drafter, gamma, stop):
