@@ -59,6 +59,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     run.add_argument("--gamma", type=int, default=StrategySettings.gamma, help="draft length")
     run.add_argument("--alternatives", type=int, default=StrategySettings.draft_alternatives,
                      help="greedy: the draft model's next-best tokens verified at each depth (0: a chain)")
+    run.add_argument("--verify-width", type=int, default=StrategySettings.verify_width, metavar="W",
+                     help="the most tokens one verify forward takes (the draft model's alternatives fill up to it)")
     run.add_argument("--draft-cumulative", type=float, default=StrategySettings.draft_cumulative, metavar="P",
                      help="the draft model stops drafting once the product of its probabilities of its tokens falls "
                           "below P (0: always gamma tokens)")
@@ -85,6 +87,8 @@ def _validate(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
         p.error(f"--gamma must be >= 1, got {args.gamma}")
     if args.alternatives < 0:
         p.error(f"--alternatives must be >= 0, got {args.alternatives}")
+    if args.verify_width < 2:
+        p.error(f"--verify-width must be >= 2, got {args.verify_width}")
     if not 0 <= args.draft_cumulative < 1:
         p.error(f"--draft-cumulative must be in [0, 1), got {args.draft_cumulative}")
     if args.max_new_tokens is not None and args.max_new_tokens < 1:
@@ -177,7 +181,7 @@ def main(argv: list[str] | None = None) -> int:
     tokenizer = target.tokenizer
     end_ids = pair.end_ids
 
-    settings = StrategySettings(gamma=args.gamma, draft_alternatives=args.alternatives,
+    settings = StrategySettings(gamma=args.gamma, draft_alternatives=args.alternatives, verify_width=args.verify_width,
                                 draft_cumulative=args.draft_cumulative)
     target_lm = CachedModel(target.model)
     drafter_lm = CachedModel(drafter.model, drafter.dense) if drafter is not None else None

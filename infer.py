@@ -78,6 +78,9 @@ def build_parser() -> argparse.ArgumentParser:
     decoding.add_argument("--num-beams", type=int, default=4, metavar="N", help="beam width for the beam strategy")
     decoding.add_argument("--alternatives", type=int, default=StrategySettings.draft_alternatives, metavar="N",
                           help="greedy: also verify the draft model's next N best tokens at each depth")
+    decoding.add_argument("--verify-width", type=int, default=StrategySettings.verify_width, metavar="W",
+                          help="the most tokens one verify forward takes: alternatives beyond it are dropped, the "
+                               "least likely first")
     decoding.add_argument("--draft-cumulative", type=float, default=StrategySettings.draft_cumulative, metavar="P",
                           help="the draft model stops once the product of its probabilities of its tokens (its "
                                "estimate that the whole draft is accepted) falls below P; 0: always --gamma tokens")
@@ -156,6 +159,8 @@ def check_flags(args: argparse.Namespace) -> None:
         raise InputError(f"--temperature must be >= 0, got {args.temperature}")
     if args.alternatives < 0:
         raise InputError(f"--alternatives must be >= 0, got {args.alternatives}")
+    if args.verify_width < 2:
+        raise InputError(f"--verify-width must be >= 2 (the last token and one draft), got {args.verify_width}")
     if not 0 <= args.draft_cumulative < 1:
         raise InputError(f"--draft-cumulative must be in [0, 1), got {args.draft_cumulative}")
     window, ngram, candidates = args.lookahead
@@ -184,6 +189,7 @@ def make_settings(args: argparse.Namespace, strategies: tuple[str, ...]):
         return ChatSettings(strategies=strategies,
                             strategy=StrategySettings(gamma=args.gamma, num_beams=args.num_beams,
                                                       draft_alternatives=args.alternatives,
+                                                      verify_width=args.verify_width,
                                                       draft_cumulative=args.draft_cumulative,
                                                       lookahead_window=args.lookahead[0],
                                                       lookahead_ngram=args.lookahead[1],

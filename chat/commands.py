@@ -327,6 +327,13 @@ def _alternatives(app: ChatApp, arg: str) -> None:
                                                      "verified too (greedy only)"))
 
 
+def _width(app: ChatApp, arg: str) -> None:
+    n = parse_int(one_word(arg), "verify width", 2, 64)
+    app.session.update_strategy(verify_width=n)
+    app.console.print(f"verify width = {n}: a draft holds at most {n - 1} tokens with the draft model's alternatives "
+                      "(the least likely are dropped)")
+
+
 def _cumulative(app: ChatApp, arg: str) -> None:
     text = one_word(arg)
     try:
@@ -465,6 +472,9 @@ def build_commands(strategies: tuple[str, ...] = STRATEGIES) -> dict[str, Comman
         Command("alternatives", _alternatives, "/alternatives N",
                 "greedy: verify the draft model's next N best tokens at each depth too (0: a chain)",
                 lambda app: str(s(app).strategy.draft_alternatives)),
+        Command("width", _width, "/width W",
+                "the most tokens one verify forward takes; the draft model's alternatives fill up to it",
+                lambda app: str(s(app).strategy.verify_width)),
         Command("cumulative", _cumulative, "/cumulative P",
                 "the draft model stops once the product of its token probabilities falls below P (0: off)",
                 lambda app: f"{s(app).strategy.draft_cumulative:g}"),

@@ -44,7 +44,14 @@ class StrategySettings:
     # Greedy: the draft model's next-best tokens at each depth verified beside its chain (a token tree; 0: a chain).
     # Embedded pair, bf16, 12 prompts interleaved: 1 took speculative's median from 1.56x to 1.88x, auto's from 1.62x
     # to 1.77x. In float32 on a CPU a wider verify costs more (5 tokens: 1.85x one step): use 0 there.
-    draft_alternatives: int = 1
+    draft_alternatives: int = 4
+    # The most tokens one verify forward takes (the last committed token and the draft): alternatives are dropped,
+    # the least likely first, where the chain and they would exceed it. bf16 1.5B on a 2-core CPU at a 250-token
+    # context, medians of 6: 1-14 tokens cost the same as 1, 15-16 1.11x, 17-20 1.31x, 25 1.27x, 33 1.45x, 49 1.65x.
+    # With that curve and the drafter's forwards (c 0.11) as the cost of the same 12 prompts' rounds (64 tokens, int4
+    # drafter), tokens per target step, mean: speculative 2.86 with 1 alternative and no cap, 2.99 capped at 14,
+    # 3.11 / 3.14 / 3.14 with 3 / 4 / 6 alternatives at 14 (3.07 at 12); auto 2.87 -> 3.10 (1 uncapped -> 3 at 14).
+    verify_width: int = 14
     # auto: prompt lookup drafts up to copy_gamma tokens where it matches at least auto_min_match tokens of context;
     # the draft model (gamma tokens) elsewhere.
     copy_gamma: int = 8
@@ -86,7 +93,7 @@ def build_strategy(name: str, target: CachedModel, drafter: CachedModel | None,
 
     def model_drafter():
         return ModelDrafter(drafter, target.vocab_size, s.draft_confidence, s.draft_adaptive, s.draft_alternatives,
-                            s.draft_cumulative)
+                            s.draft_cumulative, s.verify_width - 1)
 
     drafters = {
         "speculative": model_drafter,

@@ -110,6 +110,30 @@ def test_alternatives_are_the_drafters_next_best_tokens_beside_its_chain(noisy_m
             assert draft.tokens[3 + 2 * depth: 5 + 2 * depth] == logits.topk(3).indices[1:].tolist()
 
 
+def test_a_capped_tree_keeps_the_chain_and_the_alternatives_likeliest_to_commit(noisy_model):
+    full = ModelDrafter(CachedModel(noisy_model), 97, alternatives=2).propose(PROMPT, 3, GreedyProcessor(), None)
+    chain = full.tokens[:3]
+    # Each alternative's chance as the drafter rates it: its chain's tokens before it, then it.
+    with torch.inference_mode():
+        probs = noisy_model(torch.tensor([PROMPT + chain])).logits[0, len(PROMPT) - 1:].float().softmax(-1)
+    reach = [1.0, float(probs[0, chain[0]]), float(probs[0, chain[0]] * probs[1, chain[1]])]
+    rated = sorted(((reach[full.parents[i] + 1] * float(probs[full.parents[i] + 1, full.tokens[i]]), i)
+                    for i in range(3, 9)), reverse=True)
+    for cap in (3, 4, 6, 9, 20):
+        draft = ModelDrafter(CachedModel(noisy_model), 97, alternatives=2, max_tree=cap).propose(
+            PROMPT, 3, GreedyProcessor(), None)
+        kept = sorted(i for _, i in rated[: max(cap - 3, 0)])  # in depth order, as the uncapped tree lists them
+        assert draft.tokens == chain + [full.tokens[i] for i in kept]
+        assert draft.parents == ([-1, 0, 1] + [full.parents[i] for i in kept] if kept else None)  # None: a chain
+    assert len({value for value, _ in rated}) == 6  # distinct ratings: the order checked above is not a tie's
+
+
+def test_the_tree_cap_is_checked(target_model):
+    for bad in (0, 2.5):
+        with pytest.raises(ValueError, match="tree's size"):
+            ModelDrafter(CachedModel(target_model), 97, alternatives=1, max_tree=bad)
+
+
 def test_alternatives_are_for_greedy_only(noisy_model):
     drafter = ModelDrafter(CachedModel(noisy_model), 97, alternatives=2)
     draft = drafter.propose(PROMPT, 3, make_processor(temperature=1.0), torch.Generator().manual_seed(0))

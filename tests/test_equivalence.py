@@ -65,10 +65,14 @@ DRAFTERS = {
     # prompts prefilled by the target's weights, drafts decoded by the noisy copy's (an int8 drafter's dense prefill)
     "noisy-dense-prefill": lambda m: ModelDrafter(CachedModel(m["noisy"], prefill_model=m["target"], prefill_from=3),
                                                   m["target"].config.vocab_size),
-    # the shipped settings: one alternative per depth, the cumulative stop
+    # a tree cap that drops alternatives: those kept sit at any depth
+    "small-capped": lambda m: ModelDrafter(CachedModel(m["small"]), m["target"].config.vocab_size,
+                                           alternatives=3, max_tree=6),
+    # the shipped settings: alternatives per depth within the verify width, the cumulative stop
     "noisy-defaults": lambda m: ModelDrafter(CachedModel(m["noisy"]), m["target"].config.vocab_size,
                                              alternatives=StrategySettings.draft_alternatives,
-                                             cumulative=StrategySettings.draft_cumulative),
+                                             cumulative=StrategySettings.draft_cumulative,
+                                             max_tree=StrategySettings.verify_width - 1),
     "self-cumulative": lambda m: ModelDrafter(CachedModel(m["target"]), m["target"].config.vocab_size,
                                               cumulative=StrategySettings.draft_cumulative),
     # the embedded preset's drafter: int4 weights decode (bfloat16 activations), dense weights prefill

@@ -31,7 +31,7 @@ def test_help_documents_every_flag(capsys):
     for flag in ("--preset", "--target", "--drafter", "--device", "--dtype", "--target-quantize", "--drafter-quantize",
                  "--strategy", "--gamma", "--max-new-tokens", "-n", "--temperature", "--top-k", "--top-p", "--seed",
                  "--system", "--no-chat", "--verbose", "--trust-remote-code", "--prompt", "--prompt-file", "--json",
-                 "--alternatives", "--lookahead", "--draft-cumulative"):
+                 "--alternatives", "--lookahead", "--draft-cumulative", "--verify-width"):
         assert f"{flag} " in text or f"{flag}," in text, flag
     for name in STRATEGIES:
         assert name in text
@@ -45,6 +45,7 @@ def test_help_documents_every_flag(capsys):
     (["--temperature", "0.7", "--top-p", "1.5"], "top_p must be in (0, 1]"),
     (["--json"], "--json needs --prompt or --prompt-file"),
     (["--alternatives", "-1"], "--alternatives must be >= 0, got -1"),
+    (["--verify-width", "1"], "--verify-width must be >= 2 (the last token and one draft), got 1"),
     (["--draft-cumulative", "1"], "--draft-cumulative must be in [0, 1), got 1.0"),
     (["--lookahead", "2", "1", "1"], "--lookahead W N G needs W >= 1, N >= 2, G >= 1, got 2 1 1"),
     (["--prompt-file", "/nonexistent/prompt.txt"], "cannot read --prompt-file /nonexistent/prompt.txt"),
@@ -121,7 +122,8 @@ def test_quantize_choices_match_the_loader():
 
 def test_drafting_flags_reach_the_strategy_settings():
     args = infer.build_parser().parse_args(["--alternatives", "2", "--lookahead", "3", "4", "2", "--gamma", "5",
-                                            "--draft-cumulative", "0.4"])
+                                            "--draft-cumulative", "0.4", "--verify-width", "9"])
     strategy = infer.make_settings(args, ("speculative",)).strategy
     assert (strategy.gamma, strategy.draft_alternatives, strategy.draft_cumulative) == (5, 2, 0.4)
+    assert strategy.verify_width == 9
     assert (strategy.lookahead_window, strategy.lookahead_ngram, strategy.lookahead_candidates) == (3, 4, 2)
