@@ -97,10 +97,10 @@ def build_strategy(name: str, target: CachedModel, drafter: CachedModel | None,
 
     drafters = {
         "speculative": model_drafter,
-        "auto": lambda: CombinedDrafter(PromptLookupDrafter(s.lookup_max_ngram, s.auto_min_match), model_drafter(),
-                                        s.gamma),
+        "auto": lambda: CombinedDrafter(PromptLookupDrafter(s.lookup_max_ngram, s.auto_min_match, s.verify_width - 1),
+                                        model_drafter(), s.gamma),
         "ngram": lambda: NGramDrafter(s.ngram_n, s.ngram_kind, s.ngram_filler_top_k, s.ngram_reset_each_prompt),
-        "lookup": lambda: PromptLookupDrafter(s.lookup_max_ngram, s.lookup_min_ngram),
+        "lookup": lambda: PromptLookupDrafter(s.lookup_max_ngram, s.lookup_min_ngram, s.verify_width - 1),
         "lookahead": lambda: LookaheadDrafter(s.lookahead_window, s.lookahead_ngram, s.lookahead_candidates,
                                               s.ngram_reset_each_prompt),
     }

@@ -83,6 +83,7 @@ DRAFTERS = {
     "ngram-one-level": lambda m: NGramDrafter(2, "one-level"),
     "ngram-filler": lambda m: NGramDrafter(4, "basic", filler_top_k=3),
     "lookup": lambda m: PromptLookupDrafter(3, 1),
+    "lookup-tree": lambda m: PromptLookupDrafter(3, 1, max_tree=StrategySettings.verify_width - 1),
 }
 
 

@@ -61,12 +61,13 @@ PROCESSORS = {
 
 @pytest.mark.parametrize("processor_name, drafter_name", [
     ("temperature", "model"), ("top-k+top-p", "model"), ("top-p", "cyclic"), ("top-k", "ngram"),
-    ("temperature", "auto"),
+    ("temperature", "auto"), ("temperature", "lookup-tree"),
 ])
 def test_speculative_sampling_follows_the_target_distribution(toy_target, toy_drafter, processor_name, drafter_name):
     processor = PROCESSORS[processor_name]
     drafter = {"model": lambda: ModelDrafter(CachedModel(toy_drafter), VOCAB), "cyclic": CyclicDrafter,
                "ngram": lambda: NGramDrafter(2),
+               "lookup-tree": lambda: PromptLookupDrafter(2, 1, max_tree=4),
                "auto": lambda: CombinedDrafter(PromptLookupDrafter(2, 1),
                                                ModelDrafter(CachedModel(toy_drafter), VOCAB, 0.3, True), 2, 1),
                }[drafter_name]()

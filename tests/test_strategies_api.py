@@ -99,3 +99,18 @@ def test_prompt_lookup_copies_the_latest_match():
     ids = [5, 6, 7, 8, 1, 5, 6, 9, 9, 5, 6]
     assert drafter.propose(ids, 3, GreedyProcessor(), None).tokens == [9, 9, 5]
     assert drafter.propose(ids + [4], 3, GreedyProcessor(), None).tokens == []
+
+
+def test_prompt_lookup_fills_a_tree_with_the_other_copies():
+    ids = [5, 6, 7, 8, 1, 5, 6, 9, 9, 5, 6, 2, 4, 5, 6]
+    # "5 6" was followed by "7 8 1", "9 9 5" and "2 4 5"; "6" by the same: the latest copy first, then the others
+    tree = PromptLookupDrafter(max_ngram=2, min_ngram=1, max_tree=9).propose(ids, 3, GreedyProcessor(), None)
+    assert (tree.tokens, tree.parents) == ([2, 4, 5, 9, 9, 5, 7, 8, 1], [-1, 0, 1, -1, 3, 4, -1, 6, 7])
+    small = PromptLookupDrafter(max_ngram=2, min_ngram=1, max_tree=5).propose(ids, 3, GreedyProcessor(), None)
+    assert (small.tokens, small.parents) == ([2, 4, 5, 9, 9], [-1, 0, 1, -1, 3])
+    chain = PromptLookupDrafter(max_ngram=2, min_ngram=1, max_tree=3).propose(ids, 3, GreedyProcessor(), None)
+    assert (chain.tokens, chain.parents) == ([2, 4, 5], None)
+    # copies that share a beginning share its nodes: "1 2" was followed by "3 4" and "3 5"
+    shared = PromptLookupDrafter(max_ngram=2, min_ngram=2, max_tree=9).propose([1, 2, 3, 5, 1, 2, 3, 4, 1, 2], 2,
+                                                                              GreedyProcessor(), None)
+    assert (shared.tokens, shared.parents) == ([3, 4, 5], [-1, 0, 0])

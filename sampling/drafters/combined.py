@@ -38,7 +38,7 @@ class CombinedDrafter(Drafter):
 
     def propose(self, ids: list[int], k: int, processor: LogitsProcessor, generator: torch.Generator | None) -> Draft:
         draft = self.lookup.propose(ids, k, processor, generator)
-        if len(draft) >= self.min_copy:
+        if len(draft.line([])) >= self.min_copy:  # the latest copy (others may ride along as a tree)
             self.last, self.copied = self.lookup, self.copied + 1
             return draft
         self.last = self.model

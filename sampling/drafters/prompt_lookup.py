@@ -11,34 +11,56 @@ from utils.logits_processor import LogitsProcessor
 class PromptLookupDrafter(Drafter):
     """Tries n-gram sizes from `max_ngram` down to `min_ngram`; the most recent earlier match wins.
 
-    An index from each n-gram to the end of its latest occurrence is kept incrementally, so a proposal costs
-    O(max_ngram) lookups instead of a scan of the context.
+    An index from each n-gram to the ends of its occurrences is kept incrementally, so a proposal costs O(max_ngram)
+    lookups instead of a scan of the context.
+
+    `max_tree`: where the winning copy leaves room in a draft of that many tokens, what followed the n-gram's other
+    occurrences (the most recent first), then shorter n-grams', ride along as a token tree: copies that share a
+    beginning share its tokens, and the first token where they part is a second guess at that position.
     """
 
     name = "lookup"
 
-    def __init__(self, max_ngram: int = 3, min_ngram: int = 1):
+    def __init__(self, max_ngram: int = 3, min_ngram: int = 1, max_tree: int | None = None):
         if int(min_ngram) != min_ngram or min_ngram < 1 or max_ngram < min_ngram:
             raise ValueError(f"need 1 <= min_ngram <= max_ngram, got min_ngram={min_ngram}, max_ngram={max_ngram}")
+        if max_tree is not None and (int(max_tree) != max_tree or max_tree < 1):
+            raise ValueError(f"the draft tree's size must be an integer >= 1, got {max_tree}")
         self.sizes = range(int(max_ngram), int(min_ngram) - 1, -1)
-        self.latest: dict[tuple[int, ...], int] = {}
+        self.max_tree = max_tree
+        self.ends: dict[tuple[int, ...], list[int]] = {}  # n-gram -> where its occurrences end, oldest first
         self.indexed = 0  # the n-grams that end before this position (each with a next token) are indexed
 
     def start(self, prompt_ids: list[int]) -> None:
-        self.latest, self.indexed = {}, 0
+        self.ends, self.indexed = {}, 0
 
     def propose(self, ids: list[int], k: int, processor: LogitsProcessor, generator: torch.Generator | None) -> Draft:
         self._index(ids)
-        for size in self.sizes:
-            end = self.latest.get(tuple(ids[-size:])) if len(ids) > size else None
-            if end is not None:
-                return Draft(ids[end:end + k])
-        return Draft([])
+        copies = (ids[end:end + k] for size in self.sizes if len(ids) > size
+                  for end in reversed(self.ends.get(tuple(ids[-size:]), ())))
+        first = next(copies, [])
+        if self.max_tree is None or self.max_tree <= len(first):
+            return Draft(first)
+        tokens, parents = list(first), list(range(-1, len(first) - 1))
+        child = {(parent, token): i for i, (parent, token) in enumerate(zip(parents, tokens))}
+        for copy in copies:
+            node = -1
+            for token in copy:
+                if (node, token) not in child:
+                    if len(tokens) == self.max_tree:
+                        break
+                    child[node, token] = len(tokens)
+                    tokens.append(token)
+                    parents.append(node)
+                node = child[node, token]
+            if len(tokens) == self.max_tree:
+                break
+        return Draft(tokens, parents=parents if len(tokens) > len(first) else None)
 
     def _index(self, ids: list[int]) -> None:
         """Index the n-grams not indexed yet that are followed by a token."""
         for end in range(self.indexed + 1, len(ids)):
             for size in self.sizes:
                 if end >= size:
-                    self.latest[tuple(ids[end - size:end])] = end
+                    self.ends.setdefault(tuple(ids[end - size:end]), []).append(end)
         self.indexed = max(len(ids) - 1, 0)
