@@ -60,7 +60,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     run.add_argument("--alternatives", type=int, default=StrategySettings.draft_alternatives,
                      help="greedy: the draft model's next-best tokens verified at each depth (0: a chain)")
     run.add_argument("--verify-width", type=int, default=StrategySettings.verify_width, metavar="W",
-                     help="the most tokens one verify forward takes (the draft model's alternatives fill up to it)")
+                     help="the most tokens one verify forward takes (alternatives and other copies fill up to it)")
     run.add_argument("--draft-cumulative", type=float, default=StrategySettings.draft_cumulative, metavar="P",
                      help="the draft model stops drafting once the product of its probabilities of its tokens falls "
                           "below P (0: always gamma tokens)")

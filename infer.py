@@ -79,8 +79,8 @@ def build_parser() -> argparse.ArgumentParser:
     decoding.add_argument("--alternatives", type=int, default=StrategySettings.draft_alternatives, metavar="N",
                           help="greedy: also verify the draft model's next N best tokens at each depth")
     decoding.add_argument("--verify-width", type=int, default=StrategySettings.verify_width, metavar="W",
-                          help="the most tokens one verify forward takes: alternatives beyond it are dropped, the "
-                               "least likely first")
+                          help="the most tokens one verify forward takes: the draft model's alternatives and prompt "
+                               "lookup's other copies fill up to it, the least likely dropped first")
     decoding.add_argument("--draft-cumulative", type=float, default=StrategySettings.draft_cumulative, metavar="P",
                           help="the draft model stops once the product of its probabilities of its tokens (its "
                                "estimate that the whole draft is accepted) falls below P; 0: always --gamma tokens")

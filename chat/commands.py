@@ -331,7 +331,7 @@ def _width(app: ChatApp, arg: str) -> None:
     n = parse_int(one_word(arg), "verify width", 2, 64)
     app.session.update_strategy(verify_width=n)
     app.console.print(f"verify width = {n}: a draft holds at most {n - 1} tokens with the draft model's alternatives "
-                      "(the least likely are dropped)")
+                      "or prompt lookup's other copies (the chain itself is capped by gamma)")
 
 
 def _cumulative(app: ChatApp, arg: str) -> None:
@@ -473,7 +473,7 @@ def build_commands(strategies: tuple[str, ...] = STRATEGIES) -> dict[str, Comman
                 "greedy: verify the draft model's next N best tokens at each depth too (0: a chain)",
                 lambda app: str(s(app).strategy.draft_alternatives)),
         Command("width", _width, "/width W",
-                "the most tokens one verify forward takes; the draft model's alternatives fill up to it",
+                "the most tokens one verify forward takes: alternatives and other copies fill up to it",
                 lambda app: str(s(app).strategy.verify_width)),
         Command("cumulative", _cumulative, "/cumulative P",
                 "the draft model stops once the product of its token probabilities falls below P (0: off)",
