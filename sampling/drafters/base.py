@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
+from typing import Iterable
 
 import torch
 from torch import Tensor
@@ -47,6 +48,32 @@ class Draft:
             last = self.parents.index(last)
             nodes.append(last)
         return [self.tokens[i] for i in nodes]
+
+
+def trie(chains: Iterable[list[int]], limit: int | None = None) -> tuple[list[int], list[int]]:
+    """Token chains after the root merged into a tree where they share a prefix: (tokens, parents), nodes in the
+    order the chains come; at most `limit` nodes (the chains that do not fit are cut there)."""
+    tokens, parents, child = [], [], {}
+    for chain in chains:
+        if len(tokens) == limit:
+            break
+        node = -1
+        for t in chain:
+            if (node, t) not in child:
+                if len(tokens) == limit:
+                    break
+                child[node, t] = len(tokens)
+                tokens.append(t)
+                parents.append(node)
+            node = child[node, t]
+    return tokens, parents
+
+
+def check_tree_size(max_tree: int | None) -> int | None:
+    """A drafter's cap on its draft's tokens (None: no cap)."""
+    if max_tree is not None and (int(max_tree) != max_tree or max_tree < 1):
+        raise ValueError(f"the draft tree's size must be an integer >= 1, got {max_tree}")
+    return max_tree
 
 
 class Drafter(ABC):

@@ -26,7 +26,7 @@ import random
 import torch
 from torch import Tensor
 
-from sampling.drafters.base import Draft
+from sampling.drafters.base import Draft, trie
 from sampling.drafters.ngram import NGramDrafter
 from utils.logits_processor import LogitsProcessor
 
@@ -57,7 +57,7 @@ class LookaheadDrafter(NGramDrafter):
             self.top_rows, self.candidates = None, []
             return Draft([])
         self.candidates = self.store.continuations(ids, min(k, self.ngram - 1), self.num_candidates)
-        tokens, parents = _trie(self.candidates)
+        tokens, parents = trie(self.candidates)
         self.rows[0][0] = ids[-1]
         node = {(0, 0): -1}  # (row, column) -> tree node; row 0's column 0 is the root
         for l, row in enumerate(self.rows):
@@ -89,16 +89,3 @@ class LookaheadDrafter(NGramDrafter):
     def _filler(self) -> int:
         return self.random.choice(self.fill_from)
 
-
-def _trie(chains: list[list[int]]) -> tuple[list[int], list[int]]:
-    """Token chains after the root merged into a tree where they share a prefix: (tokens, parents)."""
-    tokens, parents, child = [], [], {}
-    for chain in chains:
-        node = -1
-        for t in chain:
-            if (node, t) not in child:
-                child[node, t] = len(tokens)
-                tokens.append(t)
-                parents.append(node)
-            node = child[node, t]
-    return tokens, parents

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from sampling.drafters.base import Draft, Drafter
+from sampling.drafters.base import Draft, Drafter, check_tree_size
 from utils.caching import CachedModel
 from utils.logits_processor import LogitsProcessor
 
@@ -42,14 +42,12 @@ class ModelDrafter(Drafter):
             raise ValueError(f"draft cumulative-confidence threshold must be in [0, 1), got {cumulative}")
         if int(alternatives) != alternatives or alternatives < 0:
             raise ValueError(f"draft alternatives must be an integer >= 0, got {alternatives}")
-        if max_tree is not None and (int(max_tree) != max_tree or max_tree < 1):
-            raise ValueError(f"the draft tree's size must be an integer >= 1, got {max_tree}")
         self.lm = lm
         # The target's output size: drafter logits are cut or padded to it (embedding sizes differ by padding;
         # that both share one tokenizer is checked when the pair is loaded).
         self.vocab_size = vocab_size
         self.confidence, self.adaptive, self.alternatives = confidence, adaptive, int(alternatives)
-        self.cumulative, self.max_tree = cumulative, max_tree
+        self.cumulative, self.max_tree = cumulative, check_tree_size(max_tree)
         self.draft_length: int | None = None  # the adaptive schedule's current length
         self.proposed = 0
 

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+from itertools import chain
+
 import torch
 
-from sampling.drafters.base import Draft, Drafter
+from sampling.drafters.base import Draft, Drafter, check_tree_size, trie
 from utils.logits_processor import LogitsProcessor
 
 
@@ -24,10 +26,8 @@ class PromptLookupDrafter(Drafter):
     def __init__(self, max_ngram: int = 3, min_ngram: int = 1, max_tree: int | None = None):
         if int(min_ngram) != min_ngram or min_ngram < 1 or max_ngram < min_ngram:
             raise ValueError(f"need 1 <= min_ngram <= max_ngram, got min_ngram={min_ngram}, max_ngram={max_ngram}")
-        if max_tree is not None and (int(max_tree) != max_tree or max_tree < 1):
-            raise ValueError(f"the draft tree's size must be an integer >= 1, got {max_tree}")
         self.sizes = range(int(max_ngram), int(min_ngram) - 1, -1)
-        self.max_tree = max_tree
+        self.max_tree = check_tree_size(max_tree)
         self.ends: dict[tuple[int, ...], list[int]] = {}  # n-gram -> where its occurrences end, oldest first
         self.indexed = 0  # the n-grams that end before this position (each with a next token) are indexed
 
@@ -41,20 +41,7 @@ class PromptLookupDrafter(Drafter):
         first = next(copies, [])
         if self.max_tree is None or self.max_tree <= len(first):
             return Draft(first)
-        tokens, parents = list(first), list(range(-1, len(first) - 1))
-        child = {(parent, token): i for i, (parent, token) in enumerate(zip(parents, tokens))}
-        for copy in copies:
-            node = -1
-            for token in copy:
-                if (node, token) not in child:
-                    if len(tokens) == self.max_tree:
-                        break
-                    child[node, token] = len(tokens)
-                    tokens.append(token)
-                    parents.append(node)
-                node = child[node, token]
-            if len(tokens) == self.max_tree:
-                break
+        tokens, parents = trie(chain([first], copies), self.max_tree)  # the first copy is its first nodes
         return Draft(tokens, parents=parents if len(tokens) > len(first) else None)
 
     def _index(self, ids: list[int]) -> None:
