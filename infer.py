@@ -57,6 +57,10 @@ def build_parser() -> argparse.ArgumentParser:
     low_bit = "int4 needs bfloat16; auto: int4 on a bf16 CPU, int8 on CUDA (default: the preset's)"
     models.add_argument("--target-quantize", choices=QUANTIZE, help=f"target weights; {low_bit}")
     models.add_argument("--drafter-quantize", choices=QUANTIZE, help=f"drafter weights; {low_bit}")
+    models.add_argument("--compile", action=argparse.BooleanOptionalAction,
+                        help="compile the drafter's one-token forward (torch.compile; tens of seconds, in the "
+                             "background while the chat waits for the first prompt). Default: on in the chat when "
+                             "the drafter runs on a CPU, off for one prompt (-p)")
     models.add_argument("--trust-remote-code", action="store_true", help="allow models that ship their own code")
     models.add_argument("--cache-dir", type=Path, metavar="DIR", help="where converted embedded models are kept "
                                                        "(default ~/.cache/specchat)")
@@ -255,6 +259,11 @@ def run(args: argparse.Namespace, console: Console, errors: Console, prompt: str
     session = ChatSession(pair.target.tokenizer, pair.target.model, pair.drafter.model if pair.drafter else None,
                           pair.end_ids, settings, drafter_prefill_model=pair.drafter.dense if pair.drafter else None)
     session.warm_up()
+    compile_drafter = args.compile if args.compile is not None else not one_shot and parameter.device.type == "cpu"
+    if compile_drafter and pair.drafter is not None:
+        thread = session.compile_drafter()
+        if one_shot:  # one prompt: wait for the graph, or it would not be used
+            thread.join()
     if one_shot:
         try:
             return run_oneshot(session, info, prompt, console, json_out)

@@ -221,7 +221,8 @@ def markdown(report: dict) -> str:
         "",
         f"Measured {m['date']} on {m['cpu']} ({m['device']}, {m['torch_threads']} torch threads, {m['dtype']}), "
         f"torch {m['torch']}, transformers {m['transformers']}.",
-        f"Target `{c['target']}`, drafter `{c['drafter']}`; {c['max_new_tokens']} new tokens at most, gamma "
+        f"Target `{c['target']}`, drafter `{c['drafter']}`"
+        f"{' (one-token forward compiled)' if c.get('drafter_compiled') else ''}; {c['max_new_tokens']} new tokens at most, gamma "
         f"{c['gamma']}, {c['decoding']}; prompts `{c['prompts']}` ({counts}; every turn of multi-turn prompts "
         "measured).",
         "",

@@ -117,7 +117,8 @@ class ChatApp:
         grid.add_column(style="bold")
         grid.add_column()
         grid.add_row("target", info.target)
-        grid.add_row("drafter", info.drafter or "none")
+        grid.add_row("drafter", (info.drafter or "none") + (f" · step {self.session.compile_status}"
+                                                             if self.session.compile_status else ""))
         grid.add_row("dtype · device", f"{info.dtype} · {info.device}")
         grid.add_row("strategies", running(self))
         grid.add_row("sampling", f"{describe_processor(settings.processor)} · up to {settings.max_new_tokens} "

@@ -368,6 +368,8 @@ def _beams(app: ChatApp, arg: str) -> None:
 def _stats(app: ChatApp, arg: str) -> None:
     if arg:
         raise UsageError("takes no argument")
+    if app.session.compile_status:
+        app.console.print(f"drafter step: {app.session.compile_status}", markup=False)
     if not app.turns:
         app.console.print("no turns yet")
         return

@@ -10,6 +10,8 @@ the turn the drafter just saw, and it would prefill the whole conversation again
 
 from __future__ import annotations
 
+import threading
+import time
 from dataclasses import dataclass, field, replace
 from typing import Iterator
 
@@ -105,7 +107,29 @@ class ChatSession:
         self.settings = settings
         self._strategies: dict[str, Strategy] = {}
         self._reuse: dict[int, int] = {}
+        self.compile_status: str | None = None  # the drafter's compiled one-token step: None (not asked) or its state
         self.configure(settings)
+
+    def compile_drafter(self) -> threading.Thread | None:
+        """Compile the drafter's one-token forward on a background thread (`CachedModel.compile_step`): prompts run
+        meanwhile, uncompiled, and the drafter switches once the graph is ready. `compile_status` says how it went."""
+        if self.drafter is None:
+            return None
+        self.compile_status = "compiling (background)"
+
+        def work():
+            started = time.perf_counter()
+            try:
+                self.drafter.compile_step()
+            except Exception as error:  # noqa: BLE001 (any failure leaves the drafter eager; the reason is shown)
+                reason = next(iter(str(error).strip().splitlines()), "")
+                self.compile_status = f"not compiled ({type(error).__name__}: {reason})"
+            else:
+                self.compile_status = f"compiled in {time.perf_counter() - started:.0f} s"
+
+        thread = threading.Thread(target=work, name="compile-drafter", daemon=True)
+        thread.start()
+        return thread
 
     def warm_up(self) -> None:
         """A small prefill and one decode step per model, so that the first strategy measured in a comparison does

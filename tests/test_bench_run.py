@@ -78,6 +78,8 @@ def test_quick_run_json(quick_run):
     for key in ("cpu", "torch_threads", "torch", "transformers", "dtype", "device", "date"):
         assert machine[key] not in (None, "")
     assert machine["dtype"] == "float32" and machine["device"] == "cpu"
+    config = report["config"]  # on a CPU our drafter's one-token forward is compiled before measuring
+    assert config["drafter_compiled"] is True and config["drafter_compile_seconds"] > 0
     assert isinstance(machine["torch_threads"], int)
     config = report["config"]
     assert config["greedy"] is True and config["max_new_tokens"] == 16 and config["gamma"] == StrategySettings.gamma
@@ -236,8 +238,9 @@ def test_an_interrupted_run_resumes_from_its_checkpoint(checkpoints, tmp_path, c
     out = tmp_path / "run"
     argv = ["--quick", "--target", str(target), "--drafter", str(drafter), "--dtype", "float32", "--device", "cpu",
             "--strategies", "autoregressive,speculative,lookup", "--out", str(out), "--no-progress",
-            "--cost-repeats", "1"]
+            "--cost-repeats", "1", "--no-compile"]
     assert bench.main(argv) == 0
+    assert json.loads((out / "results.json").read_text())["config"]["drafter_compiled"] is False
     header, first, second = (out / "progress.jsonl").read_text().splitlines()
     assert json.loads(first)["prompt_id"] != json.loads(second)["prompt_id"]
     # Interrupted during the second prompt: its line was cut short. The first prompt's record is marked.

@@ -1,5 +1,6 @@
 """The KV-cache invariant: a CachedModel's cache holds exactly its `tokens`; rollback equals a fresh forward."""
 
+import contextlib
 import copy
 
 import pytest
@@ -126,3 +127,69 @@ def test_invariant_holds_after_every_round(target_model, small_drafter_model, ga
         assert target.tokens == ids[:-1]
         assert target.cache.get_seq_length() == len(ids) - 1
         assert drafter.lm.cache.get_seq_length() == len(drafter.lm.tokens)
+
+
+@pytest.fixture(scope="module")
+def compiled_drafter():
+    """A float32 tiny drafter whose one-token forwards are compiled (tens of seconds on two cores: built once)."""
+    from tests.conftest import tiny_model
+
+    model = tiny_model(seed=1, layers=1, hidden=16, dtype=torch.float32)
+    lm = CachedModel(model)
+    lm.compile_step()
+    return lm
+
+
+@contextlib.contextmanager
+def counting_steps(lm: CachedModel):
+    """Record the tokens fed to each call of `lm`'s compiled step."""
+    compiled, fed = lm.step_model, []
+
+    def counting(**kwargs):
+        fed.append(kwargs["input_ids"].shape[1])
+        return compiled(**kwargs)
+
+    lm.step_model = counting
+    try:
+        yield fed
+    finally:
+        lm.step_model = compiled
+
+
+def test_compiled_step_takes_one_token_forwards_once_the_cache_holds_two(compiled_drafter):
+    lm, eager = compiled_drafter, CachedModel(compiled_drafter.model)
+    with counting_steps(lm) as fed:
+        lm.reset()
+        with torch.inference_mode():
+            for ids in ([3], [17], PROMPT, [5], [6]):  # a cache of 0 and 1 tokens: eager; 6 tokens: eager
+                assert torch.allclose(lm.forward(ids), eager.forward(ids), atol=1e-5)
+            lm.crop(4)
+            eager.crop(4)
+            assert torch.allclose(lm.forward([9]), eager.forward([9]), atol=1e-5)  # a cropped cache: compiled too
+    assert fed == [1, 1, 1]
+    assert lm.tokens == eager.tokens == [3, 17, 3, 17, 9] and lm.cache.get_seq_length() == 5
+
+
+def test_speculative_with_a_compiled_drafter_equals_autoregressive(target_model, compiled_drafter):
+    from sampling.autoregressive import Autoregressive
+
+    config = DecodeConfig(max_new_tokens=24)
+    compiled_drafter.reset()
+    expected = [t for r in Autoregressive(CachedModel(target_model)).stream(PROMPT, config) for t in r.tokens]
+    strategy = Speculative(CachedModel(target_model), ModelDrafter(compiled_drafter, target_model.config.vocab_size),
+                           gamma=4)
+    with counting_steps(compiled_drafter) as fed:
+        rounds = list(strategy.stream(PROMPT, config))
+    assert [t for r in rounds for t in r.tokens] == expected
+    assert len(fed) >= len(rounds)  # the drafter's one-token forwards ran compiled
+
+
+def test_a_failed_compile_leaves_the_model_eager(target_model, monkeypatch):
+    def no_compiler(*args, **kwargs):
+        raise RuntimeError("no C++ compiler")
+
+    monkeypatch.setattr(torch, "compile", no_compiler)
+    lm = CachedModel(target_model)
+    with pytest.raises(RuntimeError, match="no C\\+\\+ compiler"):
+        lm.compile_step()
+    assert lm.step_model is None and lm.tokens == []

@@ -245,3 +245,29 @@ def test_settings_changes_rebuild_strategies_and_keep_a_persistent_ngram_store(p
 def test_drafter_strategies_need_a_drafter(short_pair):
     with pytest.raises(ValueError, match="needs a drafter"):
         make_session(short_pair, strategies=("speculative",))
+
+
+def test_the_drafter_compiles_in_the_background_and_says_how_it_went(pair, monkeypatch):
+    session = make_session(pair, strategies=("speculative", "autoregressive"), max_new_tokens=12)
+    thread = session.compile_drafter()
+    assert session.compile_status == "compiling (background)"
+    turn = run_turn(session, "Hello!", View())  # a prompt meanwhile runs as usual
+    thread.join()
+    assert session.compile_status.startswith("compiled in ") and session.drafter.step_model is not None
+    assert turn.runs[0].token_ids == turn.runs[1].token_ids
+    again = run_turn(session, "And again?", View())  # now with the compiled step
+    assert again.runs[0].token_ids == again.runs[1].token_ids
+
+    def no_compiler(*args, **kwargs):
+        raise RuntimeError("no C++ compiler\nmore detail")
+
+    monkeypatch.setattr("torch.compile", no_compiler)
+    failed = make_session(pair, strategies=("speculative",))
+    failed.compile_drafter().join()
+    assert failed.compile_status == "not compiled (RuntimeError: no C++ compiler)"
+    assert failed.drafter.step_model is None
+
+
+def test_no_drafter_nothing_to_compile(short_pair):
+    session = make_session(short_pair, strategies=("autoregressive",))
+    assert session.compile_drafter() is None and session.compile_status is None

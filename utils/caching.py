@@ -7,6 +7,8 @@ the last committed token is the next input. A model is only ever fed the tokens 
 
 from __future__ import annotations
 
+import contextlib
+
 import torch
 from torch import Tensor
 from transformers import DynamicCache
@@ -60,10 +62,14 @@ class CachedModel:
     while `model` takes the short ones (decoding). A low-bit model decodes faster than a dense one on a CPU, where a
     one-token forward is bound by the bytes of weights read, but prefills several times slower (0.5B, 150 tokens:
     1.22 s int8, 0.30 s bf16). Both fill the one cache; drafts from it are verified as always.
+
+    `step_model`: `model` compiled for one-token forwards (`compile_step`), which it then takes once the cache holds
+    two tokens or more (a cache of 0 or 1 would compile a graph of its own: torch specializes those sizes).
     """
 
     def __init__(self, model, prefill_model=None, prefill_from: int = 8):
         self.model, self.prefill_model, self.prefill_from = model, prefill_model, prefill_from
+        self.step_model = None
         self.cache = DynamicCache(config=model.config)
         self.tokens: list[int] = []
         self.forwards = 0
@@ -91,13 +97,16 @@ class CachedModel:
         must then be brought back to committed tokens (`keep`).
         """
         start = len(self.tokens)
+        step = self.step_model is not None and len(ids) == 1 and start >= 2 and not model_kwargs
         if "position_ids" not in model_kwargs:
             model_kwargs["position_ids"] = torch.arange(start, start + len(ids), device=self.device)[None]
         input_ids = torch.tensor([ids], dtype=torch.long, device=self.device)
         try:
             prefill = self.prefill_model is not None and len(ids) >= self.prefill_from
-            out = (self.prefill_model if prefill else self.model)(
-                input_ids=input_ids, past_key_values=self.cache, use_cache=True, logits_to_keep=keep, **model_kwargs)
+            model = self.step_model if step else self.prefill_model if prefill else self.model
+            with torch.inference_mode() if step else contextlib.nullcontext():  # the graph was compiled for it
+                out = model(input_ids=input_ids, past_key_values=self.cache, use_cache=True, logits_to_keep=keep,
+                            **model_kwargs)
         except BaseException:  # e.g. Ctrl-C: some layers may hold the new tokens and others not
             self.cache, self.tokens = DynamicCache(config=self.model.config), []
             raise
@@ -105,6 +114,27 @@ class CachedModel:
         self.forwards += 1
         logits = out.logits[0, -keep:]
         return logits if logits.dtype == torch.float64 else logits.float()
+
+    def compile_step(self) -> None:
+        """Compile `model` for one-token forwards (torch.compile, the context length dynamic) and hand them to it.
+
+        A one-token forward of a small model on a CPU spends a large share of its time in Python and operator
+        dispatch between the matrix products (the int4 0.5B drafter at a 250-token context: 28.9 ms eager, 24.2 ms
+        compiled, interleaved medians); the compiled graph fuses the small operators. Compiling takes tens of seconds:
+        it runs on a scratch cache of its own, so it may run on another thread while this model decodes, and
+        `step_model` is set only once both graphs it needs (the cache grown by a forward, and cropped) are built.
+        Errors (no C++ compiler, an unsupported model) propagate and leave the model as it was.
+        """
+        step = torch.compile(self.model, dynamic=True)
+        scratch = CachedModel(self.model)
+        scratch.step_model = step
+        with torch.inference_mode():
+            scratch.forward([0, 0, 0])
+            scratch.forward([0])
+            scratch.forward([0])
+            scratch.crop(3)
+            scratch.forward([0])
+        self.step_model = step
 
     def extend(self, seq: list[int], keep: int = 1) -> Tensor:
         """Make the cache hold `seq` and return the logits of its last `keep` positions, (keep, V).
