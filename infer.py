@@ -59,8 +59,8 @@ def build_parser() -> argparse.ArgumentParser:
     models.add_argument("--drafter-quantize", choices=QUANTIZE, help=f"drafter weights; {low_bit}")
     models.add_argument("--compile", action=argparse.BooleanOptionalAction,
                         help="compile the drafter's one-token forward (torch.compile; tens of seconds, in the "
-                             "background while the chat waits for the first prompt). Default: on in the chat when "
-                             "the drafter runs on a CPU, off for one prompt (-p)")
+                             "background while the chat waits for the first prompt, which waits for it if sent "
+                             "earlier). Default: on in the chat when the drafter runs on a CPU, off for one prompt (-p)")
     models.add_argument("--trust-remote-code", action="store_true", help="allow models that ship their own code")
     models.add_argument("--cache-dir", type=Path, metavar="DIR", help="where converted embedded models are kept "
                                                        "(default ~/.cache/specchat)")

@@ -24,6 +24,9 @@ from utils.caching import CachedModel, common_prefix_length
 from utils.logits_processor import GreedyProcessor, LogitsProcessor
 
 
+COMPILING = "compiling (background)"
+
+
 @dataclass(frozen=True)
 class ModelInfo:
     """What the banner, /save and the one-shot JSON say about the loaded models."""
@@ -108,14 +111,19 @@ class ChatSession:
         self._strategies: dict[str, Strategy] = {}
         self._reuse: dict[int, int] = {}
         self.compile_status: str | None = None  # the drafter's compiled one-token step: None (not asked) or its state
+        self._compile_thread: threading.Thread | None = None
         self.configure(settings)
+
+    @property
+    def compiling(self) -> bool:
+        return self.compile_status == COMPILING
 
     def compile_drafter(self) -> threading.Thread | None:
         """Compile the drafter's one-token forward on a background thread (`CachedModel.compile_step`): prompts run
         meanwhile, uncompiled, and the drafter switches once the graph is ready. `compile_status` says how it went."""
         if self.drafter is None:
             return None
-        self.compile_status = "compiling (background)"
+        self.compile_status = COMPILING
 
         def work():
             started = time.perf_counter()
@@ -129,7 +137,14 @@ class ChatSession:
 
         thread = threading.Thread(target=work, name="compile-drafter", daemon=True)
         thread.start()
+        self._compile_thread = thread
         return thread
+
+    def wait_for_compile(self) -> None:
+        """Block until a background compile ends (a turn run meanwhile would crawl: the compile holds the CPU and
+        much of the time the interpreter lock too)."""
+        if self._compile_thread is not None:
+            self._compile_thread.join()
 
     def warm_up(self) -> None:
         """A small prefill and one decode step per model, so that the first strategy measured in a comparison does

@@ -50,6 +50,9 @@ def run_turn(session: ChatSession, text: str, view: View, strategies: tuple[str,
     if plan.dropped_turns:
         view.notice(f"the conversation outgrew the context ({session.context_limit} prompt tokens): dropped the "
                     f"{plan.dropped_turns} oldest turn{'s' * (plan.dropped_turns > 1)}")
+    if session.compiling:
+        view.notice("the drafter's step is still compiling in the background: this turn shares the CPU with it, so its "
+                    "timings and speedups do not compare")
     session.begin(plan)
     view.begin(plan)
     turn = Turn(text, plan)

@@ -219,3 +219,30 @@ def test_fuzzed_command_lines_never_escape(app, tmp_path, monkeypatch):
         assert settings.strategies and settings.max_new_tokens >= 1 and settings.strategy.gamma >= 1
         assert set(settings.strategies) <= set(STRATEGIES)
     assert quits > 0  # the fuzz did reach /quit (and found the rest)
+
+
+def test_a_prompt_waits_for_the_drafters_compile_and_ctrl_c_gives_it_up(app, monkeypatch):
+    import threading
+
+    session = app.session
+    release, order = threading.Event(), []
+    compile_step = session.drafter.compile_step
+
+    def gated():
+        release.wait(60)
+        order.append("compiled")
+        compile_step()
+
+    monkeypatch.setattr(session.drafter, "compile_step", gated)
+    session.compile_drafter()
+    with monkeypatch.context() as patch:
+        patch.setattr(session, "wait_for_compile", lambda: (_ for _ in ()).throw(KeyboardInterrupt))
+        assert app.ask("Hello!") is None and session.history == []  # Ctrl-C while waiting: nothing ran or changed
+    assert "the prompt was not run: the drafter is still compiling" in app.console.file.getvalue()
+
+    timer = threading.Timer(0.3, lambda: (order.append("released"), release.set()))
+    timer.start()
+    turn = app.ask("Hello!")  # waits for the compile, then runs
+    assert order == ["released", "compiled"] and session.compile_status.startswith("compiled in ")
+    assert turn is not None and len(session.history) == 2
+    assert "do not compare" not in app.console.file.getvalue()  # the turn did not run beside the compile

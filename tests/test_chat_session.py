@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import threading
 
 import pytest
 
@@ -248,15 +249,29 @@ def test_drafter_strategies_need_a_drafter(short_pair):
 
 
 def test_the_drafter_compiles_in_the_background_and_says_how_it_went(pair, monkeypatch):
+    class Notices(View):
+        def __init__(self):
+            self.seen = []
+
+        def notice(self, text):
+            self.seen.append(text)
+
     session = make_session(pair, strategies=("speculative", "autoregressive"), max_new_tokens=12)
+    turn_done, compile_step = threading.Event(), session.drafter.compile_step
+    session.drafter.compile_step = lambda: turn_done.wait(60) and compile_step()  # the turn runs before it ends
     thread = session.compile_drafter()
-    assert session.compile_status == "compiling (background)"
-    turn = run_turn(session, "Hello!", View())  # a prompt meanwhile runs as usual
+    assert session.compile_status == "compiling (background)" and session.compiling
+    view = Notices()
+    turn = run_turn(session, "Hello!", view)  # a prompt meanwhile runs as usual, and says its timings do not compare
+    turn_done.set()
     thread.join()
+    assert len(view.seen) == 1 and "timings and speedups do not compare" in view.seen[0]
+    assert not session.compiling
     assert session.compile_status.startswith("compiled in ") and session.drafter.step_model is not None
     assert turn.runs[0].token_ids == turn.runs[1].token_ids
-    again = run_turn(session, "And again?", View())  # now with the compiled step
-    assert again.runs[0].token_ids == again.runs[1].token_ids
+    view = Notices()
+    again = run_turn(session, "And again?", view)  # now with the compiled step
+    assert again.runs[0].token_ids == again.runs[1].token_ids and view.seen == []
 
     def no_compiler(*args, **kwargs):
         raise RuntimeError("no C++ compiler\nmore detail")
