@@ -39,8 +39,12 @@ class StrategySettings:
     # (c ~0.12) and r ~2.3, so lower; 12 prompts interleaved: speculative 2.28x / 2.13x / 2.10x median at 0.6 / 0.4 /
     # 0.25, auto 2.11x / 2.39x at 0.6 / 0.4 — within noise, so the choice is the cost model's: target forwards plus c
     # times drafter forwards, counted in the same run, give 2.62x / 2.72x / 2.77x (speculative) and 2.60x / 2.68x
-    # (auto); 0.4 is the measured setting nearest c * r.
-    draft_cumulative: float = 0.4
+    # (auto); 0.4 was the measured setting nearest c * r. With the drafter's one-token forward compiled (24 ms, c ~0.09)
+    # the same count over 12 prompts (one-token drafter forwards at 0.09 target steps, multi-token ones at their
+    # measured cost), tokens per target step at 0.5 / 0.4 / 0.3 / 0.2 / 0.15 / 0.1: speculative 2.91 / 3.03 / 3.10 /
+    # 3.13 / 3.18 / 2.99, auto 2.87 / 3.00 / 3.05 / 3.09 / 3.11 / 2.97; timed, interleaved, auto 2.7% faster at 0.2
+    # than at 0.4 (59.7 s -> 58.1 s, median per prompt 1.028x). 0.2: on the flat top, short of where it falls.
+    draft_cumulative: float = 0.2
     # Greedy: the draft model's next-best tokens at each depth verified beside its chain (a token tree; 0: a chain).
     # Embedded pair, bf16, 12 prompts interleaved: 1 took speculative's median from 1.56x to 1.88x, auto's from 1.62x
     # to 1.77x. In float32 on a CPU a wider verify costs more (5 tokens: 1.85x one step): use 0 there.
