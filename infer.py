@@ -261,9 +261,9 @@ def run(args: argparse.Namespace, console: Console, errors: Console, prompt: str
     session.warm_up()
     compile_drafter = args.compile if args.compile is not None else not one_shot and parameter.device.type == "cpu"
     if compile_drafter and pair.drafter is not None:
-        thread = session.compile_drafter()
+        session.compile_drafter()
         if one_shot:  # one prompt: wait for the graph, or it would not be used
-            thread.join()
+            session.wait_for_compile()
     if one_shot:
         try:
             return run_oneshot(session, info, prompt, console, json_out)

@@ -216,13 +216,13 @@ def markdown(report: dict) -> str:
     m, c, summary = report["machine"], report["config"], report["summary"]
     costs = report["costs"]
     counts = ", ".join(f"{k} {v}" for k, v in c["prompt_counts"].items())
+    compiled = " (one-token forward compiled)" if c.get("drafter_compiled") else ""
     lines = [
         "## Benchmark results",
         "",
         f"Measured {m['date']} on {m['cpu']} ({m['device']}, {m['torch_threads']} torch threads, {m['dtype']}), "
         f"torch {m['torch']}, transformers {m['transformers']}.",
-        f"Target `{c['target']}`, drafter `{c['drafter']}`"
-        f"{' (one-token forward compiled)' if c.get('drafter_compiled') else ''}; {c['max_new_tokens']} new tokens at most, gamma "
+        f"Target `{c['target']}`, drafter `{c['drafter']}`{compiled}; {c['max_new_tokens']} new tokens at most, gamma "
         f"{c['gamma']}, {c['decoding']}; prompts `{c['prompts']}` ({counts}; every turn of multi-turn prompts "
         "measured).",
         "",

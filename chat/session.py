@@ -11,7 +11,6 @@ the turn the drafter just saw, and it would prefill the whole conversation again
 from __future__ import annotations
 
 import threading
-import time
 from dataclasses import dataclass, field, replace
 from typing import Iterator
 
@@ -119,21 +118,21 @@ class ChatSession:
         return self.compile_status == COMPILING
 
     def compile_drafter(self) -> threading.Thread | None:
-        """Compile the drafter's one-token forward on a background thread (`CachedModel.compile_step`): prompts run
-        meanwhile, uncompiled, and the drafter switches once the graph is ready. `compile_status` says how it went."""
+        """Compile the drafter's one-token forward on a background thread (`CachedModel.compile_step`); the drafter
+        switches once the graph is ready, `compile_status` says how it went. A turn run meanwhile crawls: the chat
+        waits for it first (`wait_for_compile`)."""
         if self.drafter is None:
             return None
         self.compile_status = COMPILING
 
         def work():
-            started = time.perf_counter()
             try:
-                self.drafter.compile_step()
+                seconds = self.drafter.compile_step()
             except Exception as error:  # noqa: BLE001 (any failure leaves the drafter eager; the reason is shown)
                 reason = next(iter(str(error).strip().splitlines()), "")
                 self.compile_status = f"not compiled ({type(error).__name__}: {reason})"
             else:
-                self.compile_status = f"compiled in {time.perf_counter() - started:.0f} s"
+                self.compile_status = f"compiled in {seconds:.0f} s"
 
         thread = threading.Thread(target=work, name="compile-drafter", daemon=True)
         thread.start()

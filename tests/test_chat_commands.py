@@ -231,7 +231,7 @@ def test_a_prompt_waits_for_the_drafters_compile_and_ctrl_c_gives_it_up(app, mon
     def gated():
         release.wait(60)
         order.append("compiled")
-        compile_step()
+        return compile_step()
 
     monkeypatch.setattr(session.drafter, "compile_step", gated)
     session.compile_drafter()

@@ -8,6 +8,7 @@ the last committed token is the next input. A model is only ever fed the tokens 
 from __future__ import annotations
 
 import contextlib
+import time
 
 import torch
 from torch import Tensor
@@ -115,7 +116,7 @@ class CachedModel:
         logits = out.logits[0, -keep:]
         return logits if logits.dtype == torch.float64 else logits.float()
 
-    def compile_step(self) -> None:
+    def compile_step(self) -> float:
         """Compile `model` for one-token forwards (torch.compile, the context length dynamic) and hand them to it.
 
         A one-token forward of a small model on a CPU spends a large share of its time in Python and operator
@@ -123,8 +124,10 @@ class CachedModel:
         compiled, interleaved medians); the compiled graph fuses the small operators. Compiling takes tens of seconds:
         it runs on a scratch cache of its own, so it may run on another thread while this model decodes, and
         `step_model` is set only once both graphs it needs (the cache grown by a forward, and cropped) are built.
-        Errors (no C++ compiler, an unsupported model) propagate and leave the model as it was.
+        Errors (no C++ compiler, an unsupported model) propagate and leave the model as it was. Returns the seconds it
+        took.
         """
+        started = time.perf_counter()
         step = torch.compile(self.model, dynamic=True)
         scratch = CachedModel(self.model)
         scratch.step_model = step
@@ -135,6 +138,7 @@ class CachedModel:
             scratch.crop(3)
             scratch.forward([0])
         self.step_model = step
+        return time.perf_counter() - started
 
     def extend(self, seq: list[int], keep: int = 1) -> Tensor:
         """Make the cache hold `seq` and return the logits of its last `keep` positions, (keep, V).
