@@ -6,6 +6,8 @@ partial answer, or its whole answer if a later strategy was running); if it comm
 
 from __future__ import annotations
 
+import signal
+import threading
 from dataclasses import dataclass, field
 
 from chat.session import ChatSession, Plan, Run
@@ -43,6 +45,38 @@ class Turn:
         return any(run.interrupted for run in self.runs)
 
 
+class CtrlC:
+    """Ctrl-C during a turn, remembered as well as raised.
+
+    Python raises KeyboardInterrupt wherever the main thread happens to be, and code there that catches every
+    exception loses it: with the drafter's step compiled, the REPL lost about one Ctrl-C in five during an answer,
+    somewhere in the compiled step's call path. While a turn runs, SIGINT also sets a flag that the turn checks after
+    every round, so Ctrl-C stops it one round later at the latest. Only on the main thread (the one Python delivers
+    signals to) and only over Python's default handler (not where SIGINT is ignored or handled by someone else).
+    """
+
+    def __init__(self):
+        self.pressed, self.previous = False, None
+
+    def __enter__(self) -> CtrlC:
+        if threading.current_thread() is threading.main_thread() and \
+                signal.getsignal(signal.SIGINT) is signal.default_int_handler:
+            self.previous = signal.signal(signal.SIGINT, self._handle)
+        return self
+
+    def _handle(self, signum, frame) -> None:
+        self.pressed = True
+        raise KeyboardInterrupt
+
+    def check(self) -> None:
+        if self.pressed:
+            raise KeyboardInterrupt
+
+    def __exit__(self, *exc) -> None:
+        if self.previous is not None:
+            signal.signal(signal.SIGINT, self.previous)
+
+
 def run_turn(session: ChatSession, text: str, view: View, strategies: tuple[str, ...] | None = None) -> Turn:
     """Run `text` through `strategies` (default: every enabled one) in order and record the first one's answer.
     Raises ValueError (the prompt does not fit) before anything changes."""
@@ -56,19 +90,21 @@ def run_turn(session: ChatSession, text: str, view: View, strategies: tuple[str,
     session.begin(plan)
     view.begin(plan)
     turn = Turn(text, plan)
-    try:
-        for name in strategies or session.settings.strategies:
-            run = Run(name)
-            turn.runs.append(run)
-            view.start(name, plan)
-            for r in session.stream(name, plan):
-                run.rounds.append(r)
-                view.round(r)
-            view.end(run)
-    except KeyboardInterrupt:
-        if turn.runs:
-            turn.runs[-1].interrupted = True
-            view.end(turn.runs[-1])
+    with CtrlC() as ctrl_c:
+        try:
+            for name in strategies or session.settings.strategies:
+                run = Run(name)
+                turn.runs.append(run)
+                view.start(name, plan)
+                for r in session.stream(name, plan):
+                    run.rounds.append(r)
+                    view.round(r)
+                    ctrl_c.check()
+                view.end(run)
+        except KeyboardInterrupt:
+            if turn.runs:
+                turn.runs[-1].interrupted = True
+                view.end(turn.runs[-1])
     first = turn.runs[0] if turn.runs else None
     if first is not None and first.rounds:
         turn.answer = session.decode(session.answer_ids(first))

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import copy
+import os
+import signal
 import threading
 
 import pytest
@@ -209,6 +211,33 @@ def test_ctrl_c_inside_a_forward_leaves_consistent_caches(pair):
     fresh = make_session(pair, **settings)
     fresh.history = list(session.history[:-2])
     assert after.runs[0].token_ids == run_turn(fresh, "Thank you.", View()).runs[0].token_ids
+
+
+def test_ctrl_c_that_code_inside_a_forward_swallows_still_stops_the_turn(pair):
+    """Code that catches every exception (as in a compiled model's call path) gets the KeyboardInterrupt: the turn
+    stops anyway, at the end of that round, and keeps what was committed."""
+    session = make_session(pair, strategies=("speculative",), max_new_tokens=40, ignore_eos=True)
+    calls = []
+
+    def swallow_ctrl_c(module, args):
+        calls.append(1)
+        if len(calls) == 3:
+            try:
+                os.kill(os.getpid(), signal.SIGINT)
+                for _ in range(1000):  # the handler runs here, between two bytecodes
+                    pass
+            except KeyboardInterrupt:
+                calls.append("swallowed")
+
+    hook = pair.target.model.model.layers[1].register_forward_pre_hook(swallow_ctrl_c)
+    try:
+        turn = run_turn(session, "Hello!", View())
+    finally:
+        hook.remove()
+    assert "swallowed" in calls and turn.interrupted
+    assert 1 <= len(turn.runs[0].token_ids) < 40
+    assert session.history[1].content == session.decode(turn.runs[0].token_ids)
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # the turn's own handler is gone
 
 
 def test_a_template_that_rejects_the_conversation_is_one_clear_error(pair):
