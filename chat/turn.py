@@ -49,7 +49,7 @@ class CtrlC:
     """Ctrl-C during a turn, remembered as well as raised.
 
     Python raises KeyboardInterrupt wherever the main thread happens to be, and code there that catches every
-    exception loses it: with the drafter's step compiled, the REPL lost about one Ctrl-C in five during an answer,
+    exception loses it: with the drafter's step compiled, the REPL lost about one Ctrl-C in four during an answer,
     somewhere in the compiled step's call path. While a turn runs, SIGINT also sets a flag that the turn checks after
     every round, so Ctrl-C stops it one round later at the latest. Only on the main thread (the one Python delivers
     signals to) and only over Python's default handler (not where SIGINT is ignored or handled by someone else).
