@@ -5,6 +5,7 @@ from __future__ import annotations
 import io
 import json
 import random
+import threading
 
 import pytest
 from rich.console import Console
@@ -222,8 +223,6 @@ def test_fuzzed_command_lines_never_escape(app, tmp_path, monkeypatch):
 
 
 def test_a_prompt_waits_for_the_drafters_compile_and_ctrl_c_gives_it_up(app, monkeypatch):
-    import threading
-
     session = app.session
     release, order = threading.Event(), []
     compile_step = session.drafter.compile_step
