@@ -17,9 +17,9 @@ from pathlib import Path
 
 from rich.console import Console
 
-from sampling.registry import NEEDS_DRAFTER, STRATEGIES, StrategySettings
+from sampling.settings import NEEDS_DRAFTER, STRATEGIES, StrategySettings
+from utils.presets import QUANTIZE_CHOICES as QUANTIZE
 
-QUANTIZE = ("none", "int8", "int4", "auto")  # utils.loading.QUANTIZE_CHOICES, not imported so that --help stays instant
 
 DEFAULT_STRATEGIES = ("auto", "speculative", "autoregressive")
 HISTORY_FILE = Path("~/.cache/specchat/history").expanduser()
