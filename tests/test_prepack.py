@@ -1,0 +1,66 @@
+"""utils.prepack: float32 linear layers with oneDNN-prepacked weights."""
+
+import copy
+
+import pytest
+import torch
+from torch import nn
+
+from conftest import tiny_model
+from sampling.autoregressive import Autoregressive
+from sampling.base import DecodeConfig
+from sampling.drafters.model import ModelDrafter
+from sampling.speculative import Speculative
+from utils.caching import CachedModel
+from utils.prepack import PackedLinear, available, prepack
+
+pytestmark = pytest.mark.skipif(not available(), reason="this torch build has no oneDNN")
+
+
+def test_packed_linear_computes_the_same_product_with_and_without_bias():
+    torch.manual_seed(0)
+    for bias in (False, True):
+        dense = nn.Linear(48, 40, bias=bias)
+        x = torch.randn(3, 5, 48)
+        assert torch.allclose(PackedLinear(dense)(x), dense(x), atol=1e-5)
+
+
+def test_each_rows_result_is_the_same_bits_whatever_the_row_count():
+    # what makes a verify of k tokens round exactly as k one-token steps do
+    torch.manual_seed(0)
+    packed = PackedLinear(nn.Linear(256, 96, bias=False))
+    x = torch.randn(14, 256)
+    full = packed(x)
+    for rows in (1, 2, 5, 13):
+        assert torch.equal(packed(x[:rows]), full[:rows])
+    assert torch.equal(torch.cat([packed(x[i:i + 1]) for i in range(14)]), full)
+
+
+def test_only_float32_cpu_weights_are_packed():
+    with pytest.raises(ValueError, match="float32 on a CPU"):
+        PackedLinear(nn.Linear(8, 8).to(torch.bfloat16))
+    model = nn.Sequential(nn.Linear(8, 8), nn.Linear(8, 8).to(torch.float64))
+    assert prepack(model) == 1
+    assert type(model[0]) is PackedLinear and type(model[1]) is nn.Linear
+
+
+def test_prepacked_model_gives_the_dense_logits():
+    dense = tiny_model(seed=0, dtype=torch.float32)
+    packed = copy.deepcopy(dense)
+    assert prepack(packed) == 2 * 7 + 1  # per layer q, k, v, o, gate, up, down; and the head
+    ids = torch.tensor([[5, 17, 42, 8, 5, 17, 42, 9]])
+    with torch.inference_mode():
+        assert torch.allclose(packed(ids).logits, dense(ids).logits, atol=1e-4)
+
+
+def test_greedy_speculative_equals_greedy_autoregressive_on_a_prepacked_target():
+    target = tiny_model(seed=0, dtype=torch.float32)
+    prepack(target)
+    drafter = tiny_model(seed=1, layers=1, hidden=16, dtype=torch.float32)
+    config = DecodeConfig(max_new_tokens=40)
+    prompt = [5, 17, 42, 8, 5, 17, 42, 9, 33, 5, 17]
+    expected = Autoregressive(CachedModel(target)).generate(prompt, config).token_ids
+    for alternatives in (0, 3):
+        drafts = ModelDrafter(CachedModel(drafter), target.config.vocab_size, alternatives=alternatives,
+                              max_tree=13)
+        assert Speculative(CachedModel(target), drafts, gamma=6).generate(prompt, config).token_ids == expected

@@ -1,0 +1,52 @@
+"""Float32 linear layers with their weights prepacked by oneDNN, one small module per layer.
+
+Through `F.linear` (plain layout), a float32 matmul of a few rows costs about as many one-row matmuls on a CPU
+without native bf16, so a verify of 8 tokens costs several decode steps. Reordered once into oneDNN's blocked layout
+(what inductor's freezing emits for CPU linears), the same weights serve 1-14 rows for little more than one, and each
+row's result is the same bits whatever the number of rows (speculative verifies round as autoregressive steps do).
+torch's mkldnn ops are called directly: no maintained library packs float32 weights for CPU GEMMs. Measured costs:
+docs/formats.md.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor, nn
+
+PACK_ROWS = 14  # the row count oneDNN tunes the packed layout for: a verify's size
+
+
+def available() -> bool:
+    return torch.backends.mkldnn.is_available()
+
+
+class PackedLinear(nn.Module):
+    """`linear` with its float32 weight in oneDNN's blocked layout; inputs and output stay float32."""
+
+    def __init__(self, linear: nn.Linear, rows: int = PACK_ROWS):
+        super().__init__()
+        weight = linear.weight.detach()
+        if weight.device.type != "cpu" or weight.dtype != torch.float32:
+            raise ValueError(f"prepacked weights are float32 on a CPU, not {weight.dtype} on {weight.device}")
+        self.in_features, self.out_features = linear.in_features, linear.out_features
+        self.register_buffer("packed", torch.ops.mkldnn._reorder_linear_weight(weight, rows))
+        self.bias = linear.bias
+
+    def forward(self, x: Tensor) -> Tensor:
+        return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [], "")
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}"
+
+
+def prepack(model: nn.Module) -> int:
+    """Replace, in place, every float32 CPU linear layer by a `PackedLinear`; how many were replaced."""
+    if not available():
+        raise ValueError("this torch build has no oneDNN (mkldnn): float32 weights cannot be prepacked")
+    count = 0
+    for parent in list(model.modules()):
+        for name, child in list(parent.named_children()):
+            if type(child) is nn.Linear and child.weight.dtype == torch.float32 and child.weight.device.type == "cpu":
+                setattr(parent, name, PackedLinear(child))
+                count += 1
+    return count
