@@ -2,13 +2,10 @@
 
 from __future__ import annotations
 
-import statistics
-import time
 from dataclasses import asdict, dataclass
 
-import torch
-
 from utils.caching import CachedModel
+from utils.calibration import time_forward
 
 
 @dataclass(frozen=True)
@@ -37,23 +34,6 @@ class ForwardCosts:
 
     def as_dict(self) -> dict:
         return {**asdict(self), "draft_cost_ratio": self.draft_cost_ratio, "verify_cost_ratio": self.verify_cost_ratio}
-
-
-@torch.inference_mode()
-def time_forward(lm: CachedModel, context: list[int], new: list[int], repeats: int) -> float:
-    """Median seconds of one forward over `new` after `context` is cached; the cache is rolled back each time."""
-    lm.reset()
-    lm.forward(context)
-    lm.forward(new)  # one untimed pass: first-call allocations
-    lm.crop(len(context))
-    samples = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        lm.forward(new)
-        samples.append(time.perf_counter() - start)
-        lm.crop(len(context))
-    lm.reset()
-    return statistics.median(samples)
 
 
 def measure_costs(target: CachedModel, drafter: CachedModel | None, context: list[int], gamma: int,

@@ -1,0 +1,222 @@
+"""Per-machine calibration: what a forward costs on this machine, and the drafting settings that pay at that cost.
+
+Speculative decoding pays only where verifying several tokens costs little more than one decode step, and that
+depends on the CPU (native bf16 or not, AVX-512 or AVX2), the weight formats and the torch build: no constant tuned on
+one machine holds on the next. So the target's forward over 1..W new tokens and the drafter's one-token step are
+timed once per (CPU, torch, models, formats, threads), kept as JSON in the cache dir, and `choose` derives gamma's
+cap, the verify width, the alternatives and the cumulative stop from those timings (docs/calibration.md).
+"""
+
+from __future__ import annotations
+
+import datetime
+import hashlib
+import json
+import platform
+import statistics
+import time
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+
+import torch
+
+from sampling.settings import StrategySettings
+from utils.caching import CachedModel
+
+WIDTHS = (1, 2, 3, 4, 5, 6, 8, 10, 12, 14, 16, 20)  # new tokens per timed target forward
+CONTEXT = 128  # cached tokens when the forwards are timed: a short chat turn
+ACCEPTANCE = 0.9  # a draft the drafter is sure of is accepted this often (the rounds where gamma's cap binds)
+TREE_SLACK = 1.05  # the verify width grows past the chain while a forward costs at most this much more
+MAX_GAMMA = 16
+SCHEMA = 1
+
+
+def time_forward(lm: CachedModel, context: list[int], new: list[int], repeats: int) -> float:
+    """Median seconds of one forward over `new` after `context` is cached; the cache is rolled back each time."""
+    lm.reset()
+    with torch.inference_mode():
+        lm.forward(context)
+        lm.forward(new)  # one untimed pass: first-call allocations
+        lm.crop(len(context))
+        samples = []
+        for _ in range(repeats):
+            start = time.perf_counter()
+            lm.forward(new)
+            samples.append(time.perf_counter() - start)
+            lm.crop(len(context))
+    lm.reset()
+    return statistics.median(samples)
+
+
+@dataclass(frozen=True)
+class Calibration:
+    """Timed forwards on this machine, in milliseconds; `key` says what they hold for."""
+
+    key: dict
+    target_ms: dict[int, float]  # new tokens -> one target forward
+    drafter_ms: float | None  # one drafter forward over 1 new token (its decode step); None without a drafter
+    context: int
+    seconds: float  # how long the timing took
+    measured: str  # ISO date
+
+    @property
+    def draft_cost(self) -> float | None:
+        """c: the drafter's step in target steps."""
+        return None if self.drafter_ms is None else self.drafter_ms / self.target_ms[1]
+
+    def verify_cost(self, tokens: int) -> float:
+        """A target forward over `tokens` new tokens in one-token steps, interpolated between the timed widths."""
+        widths = sorted(self.target_ms)
+        if tokens <= widths[0]:
+            return 1.0
+        for low, high in zip(widths, widths[1:]):
+            if tokens <= high:
+                share = (tokens - low) / (high - low)
+                ms = self.target_ms[low] + share * (self.target_ms[high] - self.target_ms[low])
+                return ms / self.target_ms[1]
+        return self.target_ms[widths[-1]] / self.target_ms[1] * tokens / widths[-1]  # past the last: linear
+
+    def as_dict(self) -> dict:
+        return {"schema": SCHEMA, **asdict(self), "target_ms": {str(k): v for k, v in self.target_ms.items()}}
+
+    @classmethod
+    def from_dict(cls, data: dict) -> Calibration:
+        return cls(key=data["key"], target_ms={int(k): float(v) for k, v in data["target_ms"].items()},
+                   drafter_ms=data["drafter_ms"], context=data["context"], seconds=data["seconds"],
+                   measured=data["measured"])
+
+
+@dataclass(frozen=True)
+class Choice:
+    """The drafting settings the costs call for, and why (one line each, for the banner and /stats)."""
+
+    settings: StrategySettings
+    reasons: tuple[str, ...]
+    tokens_per_step: float  # what the cost model expects a round to commit per target step at these settings
+
+
+def cpu_flags() -> list[str]:
+    """The CPU features that decide which kernels run (x86 flags, aarch64 features)."""
+    wanted = {"avx2", "avx512f", "avx512_bf16", "avx512_vnni", "amx_bf16", "amx_int8", "avx_vnni", "avx_ne_convert",
+              "fma", "f16c", "bf16", "sve", "asimd", "i8mm"}
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return []
+    for line in text.splitlines():
+        name, _, value = line.partition(":")
+        if name.strip() in ("flags", "Features"):
+            return sorted(wanted & set(value.split()))
+    return []
+
+
+def cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            name, _, value = line.partition(":")
+            if name.strip() in ("model name", "Model", "Hardware"):
+                return value.strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
+
+def machine_key(target: str, target_format: str, drafter: str | None, drafter_format: str | None,
+                device: torch.device) -> dict:
+    """What a calibration holds for: another CPU, torch, model, format or thread count is measured anew."""
+    hardware = torch.cuda.get_device_name(device) if device.type == "cuda" else cpu_model()
+    return {"device": device.type, "hardware": hardware, "cpu_flags": cpu_flags(), "torch": torch.__version__,
+            "threads": torch.get_num_threads(), "target": target, "target_format": target_format,
+            "drafter": drafter, "drafter_format": drafter_format}
+
+
+def key_file(cache_dir: Path, key: dict) -> Path:
+    digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
+    return cache_dir / "calibration" / f"{digest}.json"
+
+
+def measure(target: CachedModel, drafter: CachedModel | None, key: dict, widths: tuple[int, ...] = WIDTHS,
+            context: int = CONTEXT, repeats: int = 3) -> Calibration:
+    """Time the target's forward over each of `widths` new tokens and the drafter's step after `context` tokens."""
+    started = time.perf_counter()
+    vocab = min(lm.vocab_size for lm in (target, drafter) if lm is not None)
+    context = min(context, target.max_length - max(widths) - 1)
+    ids = [(i * 7919 + 13) % vocab for i in range(context + max(widths))]  # any tokens will do
+    prompt, new = ids[:context], ids[context:]
+    target_ms = {n: time_forward(target, prompt, new[:n], repeats) * 1e3 for n in sorted(set(widths) | {1})}
+    drafter_ms = time_forward(drafter, prompt, new[:1], max(repeats, 5)) * 1e3 if drafter is not None else None
+    return Calibration(key, target_ms, drafter_ms, context, time.perf_counter() - started,
+                       datetime.datetime.now().astimezone().isoformat(timespec="seconds"))
+
+
+def load(path: Path, key: dict) -> Calibration | None:
+    """The calibration kept at `path` if it was measured for `key`; None if there is none or it is unreadable."""
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+        calibration = Calibration.from_dict(data)
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    return calibration if data.get("schema") == SCHEMA and calibration.key == key else None
+
+
+def save(path: Path, calibration: Calibration) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    partial = path.with_suffix(".tmp")
+    partial.write_text(json.dumps(calibration.as_dict(), indent=1) + "\n", encoding="utf-8")
+    partial.replace(path)
+
+
+def calibrate(cache_dir: Path, target: CachedModel, drafter: CachedModel | None, key: dict,
+              again: bool = False) -> tuple[Calibration, bool]:
+    """The kept calibration for `key`, or a new one measured now and kept; True when it was measured now."""
+    path = key_file(cache_dir, key)
+    kept = None if again else load(path, key)
+    if kept is not None:
+        return kept, False
+    calibration = measure(target, drafter, key)
+    try:
+        save(path, calibration)
+    except OSError:  # a read-only cache dir: the timings still serve this run
+        pass
+    return calibration, True
+
+
+def expected_tokens(gamma: int, acceptance: float = ACCEPTANCE) -> float:
+    """Tokens a round commits from a chain of `gamma` drafts, each accepted with `acceptance` (Leviathan et al.)."""
+    return (1 - acceptance ** (gamma + 1)) / (1 - acceptance)
+
+
+def choose(calibration: Calibration, base: StrategySettings = StrategySettings()) -> Choice:
+    """Gamma's cap, the cumulative stop, the verify width and the alternatives that pay at the measured costs.
+
+    A round of `gamma` drafts costs one verify over gamma + 1 tokens plus gamma drafter steps (c each) and commits
+    expected_tokens(gamma) where the drafter is sure; the cap is the gamma that commits most per target step. The
+    draft model's cumulative stop is c times those tokens per step: one more draft pays while its chance of being
+    accepted, over c, exceeds what a target step commits. The verify width grows past the chain while a wider
+    forward costs at most TREE_SLACK more: the alternatives ride in places that are nearly free.
+    """
+    c = calibration.draft_cost
+    step_cost = c if c is not None else 0.0
+    rate = {g: expected_tokens(g) / (calibration.verify_cost(g + 1) + g * step_cost) for g in range(1, MAX_GAMMA + 1)}
+    gamma = max(rate, key=rate.get)
+    chain_cost = calibration.verify_cost(gamma + 1)
+    widths = [n for n in range(gamma + 1, max(calibration.target_ms) + 1)
+              if calibration.verify_cost(n) <= chain_cost * TREE_SLACK]
+    width = max(widths)
+    alternatives = base.draft_alternatives if width > gamma + 1 else 0
+    cumulative = round(min(max(step_cost * rate[gamma], 0.05), 0.9), 2) if c is not None else base.draft_cumulative
+    ms = calibration.target_ms
+    reasons = [
+        f"target forward {ms[1]:.0f} ms for 1 token, {ms[min(ms, key=lambda n: abs(n - 4))]:.0f} ms for "
+        f"{min(ms, key=lambda n: abs(n - 4))}, {ms[max(ms)]:.0f} ms for {max(ms)}; verify of {gamma + 1}: "
+        f"{chain_cost:.2f} steps",
+        f"gamma {gamma}: the most tokens per target step ({rate[gamma]:.2f} where the drafter is sure)",
+        f"verify width {width}: wider forwards cost more than {TREE_SLACK - 1:.0%} over the chain's"
+        + ("" if alternatives else "; no room for alternatives"),
+    ]
+    if c is not None:
+        reasons.insert(1, f"drafter step {calibration.drafter_ms:.0f} ms: c = {c:.2f} target steps; cumulative stop "
+                          f"{cumulative:g} (c times the tokens per step)")
+    settings = replace(base, gamma=gamma, verify_width=width, draft_alternatives=alternatives,
+                       draft_cumulative=cumulative)
+    return Choice(settings, tuple(reasons), rate[gamma])
