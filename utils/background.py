@@ -1,0 +1,75 @@
+"""Work on a background thread that can be paused: the chat compiles the drafter's step while it waits for input,
+and holds the compile while a turn decodes.
+
+A compile beside a decode makes the decode crawl: the compile holds the CPU and, much of the time, the interpreter
+lock. A Python thread cannot be suspended from outside, so the work pauses itself: a trace function (set for its
+thread only, called on each Python function call, no line events) waits while the pause is on. C code the work is in
+when the pause starts runs on until it returns to Python.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+import threading
+from typing import Callable, Generic, Iterator, TypeVar
+
+T = TypeVar("T")
+
+
+class PausableThread(Generic[T]):
+    """Runs `work()` on a daemon thread; `paused()` holds it at its next Python call for as long as it lasts."""
+
+    def __init__(self, work: Callable[[], T], name: str):
+        self._work = work
+        self._go = threading.Event()
+        self._go.set()
+        self._pauses = 0
+        self._lock = threading.Lock()
+        self.result: T | None = None
+        self.error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+
+    def start(self) -> PausableThread[T]:
+        self._thread.start()
+        return self
+
+    @property
+    def running(self) -> bool:
+        return self._thread.is_alive()
+
+    def join(self, timeout: float | None = None) -> bool:
+        """Wait for the work to end, resuming it if paused; True once it has."""
+        with self._lock:
+            self._pauses = 0
+            self._go.set()
+        self._thread.join(timeout)
+        return not self._thread.is_alive()
+
+    @contextlib.contextmanager
+    def paused(self) -> Iterator[None]:
+        """Hold the work while the block runs (nested blocks: until the outermost ends)."""
+        with self._lock:
+            self._pauses += 1
+            self._go.clear()
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._pauses = max(self._pauses - 1, 0)
+                if self._pauses == 0:
+                    self._go.set()
+
+    def _trace(self, frame, event, arg):
+        if not self._go.is_set():
+            self._go.wait()
+        return None  # no tracing inside the frame: only calls are seen
+
+    def _run(self) -> None:
+        sys.settrace(self._trace)
+        try:
+            self.result = self._work()
+        except BaseException as error:  # noqa: BLE001 (reported through `error`; the thread ends either way)
+            self.error = error
+        finally:
+            sys.settrace(None)
