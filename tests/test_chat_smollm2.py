@@ -8,7 +8,8 @@ import pytest
 from chat.session import ChatSession, ChatSettings, Message
 from chat.turn import View, run_turn
 from utils.caching import common_prefix_length
-from utils.loading import ModelLoadError, load_pair
+from utils.loading import load_pair
+from utils.presets import ModelLoadError
 
 pytestmark = pytest.mark.slow
 

