@@ -201,6 +201,29 @@ def test_missing_hub_model_offline_names_spec_and_fixes(tmp_path, monkeypatch):
     assert "Traceback" not in message and "\n" not in message
 
 
+def overwrite(path: Path, offset: int, size: int) -> None:
+    """Replace `size` bytes of `path` at `offset` with other bytes; the file keeps its length."""
+    data = bytearray(path.read_bytes())
+    data[offset:offset + size] = bytes(255 - byte for byte in data[offset:offset + size])
+    path.write_bytes(bytes(data))
+
+
+@pytest.mark.parametrize("damage", ["truncated", "garbage"])
+def test_damaged_safetensors_in_a_directory_is_one_line(tmp_path, damage):
+    # bug: a truncated or garbage model.safetensors escaped as a 29-line SafetensorError traceback
+    directory = save_tiny_model(tmp_path / "damaged")
+    weights = directory / "model.safetensors"
+    if damage == "truncated":
+        weights.write_bytes(weights.read_bytes()[:1000])
+    else:
+        overwrite(weights, 0, 64)
+
+    with pytest.raises(ModelLoadError, match="Could not load the model directory") as raised:
+        load_model(str(directory), device="cpu", dtype="float32", progress=False)
+
+    assert str(directory) in str(raised.value) and "\n" not in str(raised.value)
+
+
 # ---------------------------------------------------------------------------------------------
 # Presets, devices, dtypes
 
@@ -392,6 +415,29 @@ def test_unwritable_cache_dir_is_explained(tmp_path, monkeypatch):
 
     with pytest.raises(ModelLoadError, match="Could not write the converted model into .*cache-is-a-file"):
         load_model(str(gguf), device="cpu", cache_dir=not_a_dir, progress=False)
+
+
+def converted_fake_gguf(tmp_path: Path, monkeypatch, calls: list[Path] | None = None) -> tuple[Path, CacheLayout]:
+    """A .gguf spec whose conversion writes the tiny model: the path and the cache layout it is converted into."""
+    gguf = tmp_path / "my-model.gguf"
+    gguf.write_bytes(b"GGUF not really")
+    calls = [] if calls is None else calls
+    monkeypatch.setattr(model_cache, "convert_gguf", lambda path, dest: calls.append(path) or save_tiny_model(dest))
+    layout = CacheLayout(tmp_path / "cache" / f"gguf-{hashlib.sha256(gguf.read_bytes()).hexdigest()[:16]}")
+    load_model(str(gguf), device="cpu", dtype="float32", cache_dir=tmp_path / "cache", progress=False)
+    return gguf, layout
+
+
+def test_damaged_converted_cache_says_to_delete_it(tmp_path, monkeypatch):
+    # bug: garbage in a converted copy's model.safetensors escaped as a SafetensorError traceback
+    gguf, layout = converted_fake_gguf(tmp_path, monkeypatch)
+    overwrite(layout.hf_dir / "model.safetensors", 0, 64)
+
+    with pytest.raises(ModelLoadError, match="could not be loaded") as raised:
+        load_model(str(gguf), device="cpu", dtype="float32", cache_dir=tmp_path / "cache", progress=False)
+
+    message = str(raised.value)
+    assert f"Fix: delete {layout.root} and load again" in message and "\n" not in message
 
 
 def test_embedded_model_with_missing_wheels_gives_the_pip_command(tmp_path, monkeypatch):

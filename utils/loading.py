@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+from safetensors import SafetensorError
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 from transformers.utils import logging as hf_logging
 
@@ -105,7 +106,7 @@ def _from_pretrained(
     try:
         model = AutoModelForCausalLM.from_pretrained(source.location, dtype=dtype, **options)
         tokenizer = AutoTokenizer.from_pretrained(source.location, **options)
-    except (OSError, ValueError, ImportError) as error:
+    except (OSError, ValueError, ImportError, SafetensorError) as error:  # SafetensorError: damaged weights
         raise _load_failure(spec, source, error) from error
     return model, tokenizer
 
