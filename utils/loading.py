@@ -54,17 +54,19 @@ def load_model(
     keep_dense: bool = False,
     trust_remote_code: bool = False,
     cache_dir: Path | None = None,
+    verify: bool = False,
     progress: bool = True,
 ) -> LoadedModel:
     """Load `spec` (embedded name, saved directory, .gguf file or Hub id) in eval mode on `device`.
 
-    `keep_dense`: a quantized model also keeps its dense weights as `dense` (for prefill: see `CachedModel`)."""
+    `keep_dense`: a quantized model also keeps its dense weights as `dense` (for prefill: see `CachedModel`).
+    `verify`: check the sha256 of every file of a converted copy (their sizes are checked on every load)."""
     torch_device = resolve_device(device)
     torch_dtype = resolve_dtype(dtype, torch_device)
     quantize = resolve_quantize(quantize, torch_dtype, torch_device)
     cache_root = Path(cache_dir) if cache_dir is not None else default_cache_dir()
     with _transformers_progress(progress):
-        source = _resolve_source(spec, cache_root, progress)
+        source = _resolve_source(spec, cache_root, progress, verify)
         model, tokenizer = _from_pretrained(spec, source, torch_dtype, trust_remote_code)
     model.to(torch_device)
     model.eval()
@@ -76,13 +78,13 @@ def load_model(
                        dense=dense)
 
 
-def _resolve_source(spec: str, cache_root: Path, progress: bool) -> _Source:
+def _resolve_source(spec: str, cache_root: Path, progress: bool, verify: bool) -> _Source:
     if spec in EMBEDDED:
-        hf_dir = embedded_hf_dir(EMBEDDED[spec], cache_root, progress)
+        hf_dir = embedded_hf_dir(EMBEDDED[spec], cache_root, progress, verify)
         return _Source("embedded", spec, str(hf_dir))
     path = Path(spec).expanduser()
     if path.is_file() and path.suffix == ".gguf":
-        return _Source("gguf", path.stem, str(gguf_file_hf_dir(path.resolve(), cache_root, progress)))
+        return _Source("gguf", path.stem, str(gguf_file_hf_dir(path.resolve(), cache_root, progress, verify)))
     if path.is_dir():
         return _Source("directory", path.resolve().name, str(path.resolve()))
     if _looks_like_path(spec):
@@ -178,6 +180,7 @@ def load_pair(
     drafter_quantize: str = "none",
     trust_remote_code: bool = False,
     cache_dir: Path | None = None,
+    verify: bool = False,
     progress: bool = True,
 ) -> LoadedPair:
     """Load a target and an optional drafter on one device and dtype; their vocabularies must match.
@@ -188,6 +191,7 @@ def load_pair(
         "dtype": dtype,
         "trust_remote_code": trust_remote_code,
         "cache_dir": cache_dir,
+        "verify": verify,
         "progress": progress,
     }
     loaded_target = load_model(target, quantize=target_quantize, **shared)

@@ -50,11 +50,54 @@ class CacheLayout:
 
 
 def is_complete(layout: CacheLayout, gguf_sha: str) -> bool:
+    """Whether hf/ holds a finished conversion of the GGUF `gguf_sha`: its marker names that sha and records the files.
+
+    A marker without file records (written before they were kept) counts as incomplete: nothing vouches for the files,
+    so the copy is converted again rather than trusted."""
+    marker = _read_marker(layout)
+    return marker.get("gguf_sha256") == gguf_sha and bool(_file_records(marker))
+
+
+def check_files(layout: CacheLayout, verify: bool = False, progress: bool = False) -> None:
+    """Every file a complete hf/ records has its recorded size; with `verify`, its recorded sha256 too."""
+    fix = f"Fix: delete {layout.root} and load again to rebuild it."
+    for name, record in _file_records(_read_marker(layout)).items():
+        path = layout.hf_dir / name
+        if not path.is_file():
+            raise ModelLoadError(f"{path} is missing from the converted copy. {fix}")
+        size = path.stat().st_size
+        if size != record["size"]:
+            raise ModelLoadError(f"{path} has {size} bytes, the conversion wrote {record['size']}: the converted copy "
+                                 f"is damaged. {fix}")
+        if verify and (actual := sha256_file(path, progress)) != record["sha256"]:
+            raise ModelLoadError(f"{path} has sha256 {actual[:16]}..., the conversion wrote {record['sha256'][:16]}...: "
+                                 f"the converted copy is damaged. {fix}")
+
+
+def _read_marker(layout: CacheLayout) -> dict:
     try:
         marker = json.loads(layout.marker.read_text())
     except (OSError, ValueError):
-        return False
-    return isinstance(marker, dict) and marker.get("gguf_sha256") == gguf_sha
+        return {}
+    return marker if isinstance(marker, dict) else {}
+
+
+def _file_records(marker: dict) -> dict[str, dict]:
+    """name -> {"size", "sha256"}; empty when the marker has none or they are malformed."""
+    files = marker.get("files")
+    if not isinstance(files, dict):
+        return {}
+    valid = all(isinstance(record, dict) and isinstance(record.get("size"), int)
+                and isinstance(record.get("sha256"), str) for record in files.values())
+    return files if valid else {}
+
+
+def _record_files(directory: Path, progress: bool) -> dict[str, dict]:
+    return {
+        path.relative_to(directory).as_posix(): {"size": path.stat().st_size, "sha256": sha256_file(path, progress)}
+        for path in sorted(directory.rglob("*"))
+        if path.is_file()
+    }
 
 
 def _clear_incomplete(layout: CacheLayout) -> None:
@@ -65,20 +108,24 @@ def _clear_incomplete(layout: CacheLayout) -> None:
         shutil.rmtree(layout.hf_dir)
 
 
-def build_cache(layout: CacheLayout, gguf_sha: str, write: Callable[[Path], None]) -> Path:
-    """The complete hf/ dir: reused when its marker matches, else rebuilt by `write(temp_dir)`.
+def build_cache(layout: CacheLayout, gguf_sha: str, write: Callable[[Path], None], *, verify: bool = False,
+                progress: bool = False) -> Path:
+    """The complete hf/ dir: reused when its marker matches (files checked: `check_files`), else rebuilt by
+    `write(temp_dir)`.
 
     The copy is written into a temporary sibling, marked complete last, then renamed into place, so an
     interrupted build never leaves a directory that looks usable.
     """
     if is_complete(layout, gguf_sha):
+        check_files(layout, verify, progress)
         return layout.hf_dir
     _clear_incomplete(layout)
     temp_dir = layout.root / f"hf.tmp-{os.getpid()}"
     temp_dir.mkdir(parents=True)
     try:
         write(temp_dir)
-        marker = {"gguf_sha256": gguf_sha, "transformers": transformers.__version__}
+        marker = {"gguf_sha256": gguf_sha, "transformers": transformers.__version__,
+                  "files": _record_files(temp_dir, progress)}
         (temp_dir / MARKER_NAME).write_text(json.dumps(marker, indent=2) + "\n")
         os.replace(temp_dir, layout.hf_dir)
     finally:
@@ -116,7 +163,7 @@ def _drop_gguf_quantizer(model: PreTrainedModel) -> None:
         raise ModelLoadError(f"GGUF weights stayed packed after dequantizing ({packed[0]}, ...); cannot convert.")
 
 
-def embedded_hf_dir(entry: EmbeddedModel, cache_root: Path, progress: bool) -> Path:
+def embedded_hf_dir(entry: EmbeddedModel, cache_root: Path, progress: bool, verify: bool = False) -> Path:
     layout = CacheLayout(cache_root / entry.name)
 
     def write(temp_dir: Path) -> None:
@@ -131,10 +178,10 @@ def embedded_hf_dir(entry: EmbeddedModel, cache_root: Path, progress: bool) -> P
         convert_gguf(gguf_path, temp_dir)
         gguf_path.unlink()  # the safetensors copy replaces it
 
-    return _build_cache_or_explain(layout, entry.sha256, write)
+    return _build_cache_or_explain(layout, entry.sha256, write, verify, progress)
 
 
-def gguf_file_hf_dir(gguf_path: Path, cache_root: Path, progress: bool) -> Path:
+def gguf_file_hf_dir(gguf_path: Path, cache_root: Path, progress: bool, verify: bool = False) -> Path:
     gguf_sha = sha256_file(gguf_path, progress)
     layout = CacheLayout(cache_root / f"gguf-{gguf_sha[:16]}")
 
@@ -142,12 +189,13 @@ def gguf_file_hf_dir(gguf_path: Path, cache_root: Path, progress: bool) -> Path:
         _say(progress, f"Converting {gguf_path} into {layout.hf_dir} (one time only).")
         convert_gguf(gguf_path, temp_dir)
 
-    return _build_cache_or_explain(layout, gguf_sha, write)
+    return _build_cache_or_explain(layout, gguf_sha, write, verify, progress)
 
 
-def _build_cache_or_explain(layout: CacheLayout, gguf_sha: str, write: Callable[[Path], None]) -> Path:
+def _build_cache_or_explain(layout: CacheLayout, gguf_sha: str, write: Callable[[Path], None], verify: bool,
+                            progress: bool) -> Path:
     try:
-        return build_cache(layout, gguf_sha, write)
+        return build_cache(layout, gguf_sha, write, verify=verify, progress=progress)
     except OSError as error:  # disk full, read-only cache dir, ...
         raise ModelLoadError(
             f"Could not write the converted model into {layout.root} ({first_line(error)}). Fix: free some disk "
