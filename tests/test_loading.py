@@ -20,6 +20,7 @@ from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
 from utils import devices, gguf, model_cache
 from utils.devices import cpuinfo_has_bf16, resolve_device, resolve_dtype
+from utils.errors import REASON_CHARS, one_line
 from utils.loading import LoadedModel, load_model, load_pair
 from utils.model_cache import CacheLayout, is_complete
 from utils.presets import EMBEDDED, PRESETS, EmbeddedModel, ModelLoadError, Preset, default_cache_dir, resolve_preset
@@ -222,6 +223,28 @@ def test_damaged_safetensors_in_a_directory_is_one_line(tmp_path, damage):
         load_model(str(directory), device="cpu", dtype="float32", progress=False)
 
     assert str(directory) in str(raised.value) and "\n" not in str(raised.value)
+
+
+def test_missing_tokenizer_reason_carries_the_cause(tmp_path):
+    # bug: the reason was cut to "(Couldn't instantiate the backend tokenizer from one of:)", the list and the
+    # cause that follow on the next lines left out
+    directory = save_tiny_model(tmp_path / "no-tokenizer")
+    (directory / "tokenizer.json").unlink()
+
+    with pytest.raises(ModelLoadError) as raised:
+        load_model(str(directory), device="cpu", dtype="float32", progress=False)
+
+    message = str(raised.value)
+    assert "a `tokenizers` library serialization file" in message
+    assert "sentencepiece or tiktoken installed" in message
+    assert "\n" not in message
+
+
+def test_one_line_reason_joins_the_lines_and_caps_the_length():
+    assert one_line(ValueError("one of:\n(1) a file,\n  (2) a class.\n")) == "one of: (1) a file, (2) a class."
+    assert one_line(KeyError()) == "KeyError"
+    long = one_line(OSError("x" * 1000))
+    assert len(long) == REASON_CHARS and long.endswith("...")
 
 
 # ---------------------------------------------------------------------------------------------

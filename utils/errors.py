@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+REASON_CHARS = 400
 
-def first_line(error: BaseException) -> str:
-    lines = str(error).strip().splitlines()
-    text = lines[0].strip() if lines else type(error).__name__
-    return text if len(text) <= 200 else text[:197] + "..."
+
+def one_line(error: BaseException) -> str:
+    """`error`'s whole message on one line, capped at `REASON_CHARS`.
+
+    why the whole message: transformers often ends its first line with "one of:" and gives the cause below it."""
+    text = " ".join(str(error).split()) or type(error).__name__
+    return text if len(text) <= REASON_CHARS else text[: REASON_CHARS - 3] + "..."

@@ -16,7 +16,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, P
 from transformers.utils import logging as hf_logging
 
 from utils.devices import resolve_device, resolve_dtype
-from utils.errors import first_line
+from utils.errors import one_line
 from utils.gguf import pip_install_command
 from utils.model_cache import embedded_hf_dir, gguf_file_hf_dir
 from utils.presets import EMBEDDED, ModelLoadError, default_cache_dir
@@ -119,7 +119,7 @@ def _hub_offline() -> bool:
 
 
 def _load_failure(spec: str, source: _Source, error: BaseException) -> ModelLoadError:
-    reason = first_line(error)
+    reason = one_line(error)
     if source.kind == "hub":
         return ModelLoadError(_hub_failure_message(spec, error, reason))
     if source.kind in ("embedded", "gguf"):

@@ -20,7 +20,7 @@ import torch
 import transformers
 from transformers import AutoModelForCausalLM, AutoTokenizer, GgufConfig, PreTrainedModel
 
-from utils.errors import first_line
+from utils.errors import one_line
 from utils.gguf import ensure_assembled, locate_parts, pip_install_command, sha256_file, verify_file
 from utils.presets import EmbeddedModel, ModelLoadError
 
@@ -145,7 +145,7 @@ def convert_gguf(gguf_path: Path, dest: Path) -> None:
         tokenizer = AutoTokenizer.from_pretrained(gguf_path.parent, gguf_file=gguf_path.name)
     except (OSError, ValueError, KeyError, RuntimeError) as error:
         raise ModelLoadError(
-            f"transformers could not read the GGUF {gguf_path} ({first_line(error)}). Fix: use a GGUF of an "
+            f"transformers could not read the GGUF {gguf_path} ({one_line(error)}). Fix: use a GGUF of an "
             "architecture transformers supports (llama, qwen2, mistral, ...) or a saved model directory."
         ) from error
     _drop_gguf_quantizer(model)
@@ -198,7 +198,7 @@ def _build_cache_or_explain(layout: CacheLayout, gguf_sha: str, write: Callable[
         return build_cache(layout, gguf_sha, write, verify=verify, progress=progress)
     except OSError as error:  # disk full, read-only cache dir, ...
         raise ModelLoadError(
-            f"Could not write the converted model into {layout.root} ({first_line(error)}). Fix: free some disk "
+            f"Could not write the converted model into {layout.root} ({one_line(error)}). Fix: free some disk "
             "space (the 1.5B model needs about 5 GB while converting) or choose another cache directory."
         ) from error
 
