@@ -619,11 +619,10 @@ def test_pad_token_is_not_an_end_token_unless_it_is_an_eos():
 
 
 @pytest.fixture(scope="session")
-def smollm2_first_load(tmp_path_factory):
-    cache = tmp_path_factory.mktemp("specchat-cache")
+def smollm2_first_load(model_cache_dir):
     started = time.perf_counter()
-    loaded = load_model("smollm2-135m", device="cpu", dtype="bfloat16", cache_dir=cache, progress=False)
-    return SimpleNamespace(loaded=loaded, seconds=time.perf_counter() - started, cache=cache)
+    loaded = load_model("smollm2-135m", device="cpu", dtype="bfloat16", cache_dir=model_cache_dir, progress=False)
+    return SimpleNamespace(loaded=loaded, seconds=time.perf_counter() - started, cache=model_cache_dir)
 
 
 @pytest.mark.slow
