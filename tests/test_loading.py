@@ -7,7 +7,7 @@ the real SmolLM2-135M GGUF from its wheel once per session (about 25 s) and then
 
 import hashlib
 import json
-import time
+import socket
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -186,15 +186,23 @@ def test_missing_path_names_the_path(tmp_path):
 
 
 def test_missing_hub_model_offline_names_spec_and_fixes(tmp_path, monkeypatch):
-    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")  # set after huggingface_hub read it at import
     spec = "specchat-tests/no-such-model"
+    lookups = []
 
-    started = time.perf_counter()
+    def no_network(*args, **kwargs):
+        lookups.append(args[:2])
+        raise OSError("the test allows no network")
+
+    monkeypatch.setattr(socket, "getaddrinfo", no_network)
+    monkeypatch.setattr(socket.socket, "connect", no_network)
     with pytest.raises(ModelLoadError) as raised:
         load_model(spec, device="cpu", cache_dir=tmp_path, progress=False)
     message = str(raised.value)
 
-    assert time.perf_counter() - started < 10  # offline: no network retries
+    # offline: no file is requested, so no lookup is retried (huggingface_hub retries a failed request 5 times)
+    assert len(lookups) == len(set(lookups))
+    assert "(offline mode)" in message
     assert spec in message
     assert "hf auth login" in message
     assert "--preset embedded" in message
@@ -620,9 +628,8 @@ def test_pad_token_is_not_an_end_token_unless_it_is_an_eos():
 
 @pytest.fixture(scope="session")
 def smollm2_first_load(model_cache_dir):
-    started = time.perf_counter()
     loaded = load_model("smollm2-135m", device="cpu", dtype="bfloat16", cache_dir=model_cache_dir, progress=False)
-    return SimpleNamespace(loaded=loaded, seconds=time.perf_counter() - started, cache=model_cache_dir)
+    return SimpleNamespace(loaded=loaded, cache=model_cache_dir)
 
 
 @pytest.mark.slow
@@ -632,14 +639,11 @@ def test_smollm2_second_load_reads_the_cache(smollm2_first_load, monkeypatch):
 
     monkeypatch.setattr(model_cache, "convert_gguf", no_conversion)
     cache = smollm2_first_load.cache
-    started = time.perf_counter()
     second = load_model("smollm2-135m", device="cpu", dtype="bfloat16", cache_dir=cache, progress=False)
-    cached_seconds = time.perf_counter() - started
 
     layout = CacheLayout(cache / "smollm2-135m")
     assert second.source == smollm2_first_load.loaded.source == str(layout.hf_dir)
     assert json.loads(layout.marker.read_text())["gguf_sha256"] == EMBEDDED["smollm2-135m"].sha256
-    assert cached_seconds < smollm2_first_load.seconds / 3
     assert layout.temp_dirs() == [] and not layout.gguf_path.exists()
     assert second.model.dtype == torch.bfloat16
     prompt = "def fibonacci(n):"
@@ -650,8 +654,7 @@ def test_smollm2_second_load_reads_the_cache(smollm2_first_load, monkeypatch):
 def test_smollm2_end_ids_from_its_real_tokenizer(smollm2_first_load):
     loaded = smollm2_first_load.loaded
     im_end = loaded.tokenizer.convert_tokens_to_ids("<|im_end|>")
-    assert end_token_ids(loaded.tokenizer, loaded.model.generation_config) == (im_end,)
-    assert loaded.tokenizer.convert_tokens_to_ids("<|endoftext|>") not in (im_end,)  # not the eos: left out
+    assert end_token_ids(loaded.tokenizer, loaded.model.generation_config) == (im_end,)  # <|endoftext|> left out
 
 
 @pytest.mark.slow
