@@ -27,8 +27,9 @@ from benchmarks.runner import REFERENCE, Checkpoint, CheckpointMismatch, Encoder
 from sampling.base import DecodeConfig
 from sampling.registry import NEEDS_DRAFTER, STRATEGIES, StrategySettings, build_strategy
 from utils.caching import CachedModel
-from utils.loading import ModelLoadError, load_model, load_pair, resolve_preset
+from utils.loading import load_model, load_pair
 from utils.logits_processor import make_processor
+from utils.presets import ModelLoadError, resolve_preset
 
 NOT_BY_DEFAULT = ("drafter", "beam")  # not speculative methods: measured only when asked for
 UNIVERSAL_DRAFTER = "smollm2-135m"

@@ -233,7 +233,8 @@ def run(args: argparse.Namespace, console: Console, errors: Console, prompt: str
     from chat.app import ChatApp
     from chat.oneshot import run_oneshot
     from chat.session import ChatSession, ModelInfo
-    from utils.loading import ModelLoadError, load_pair, resolve_preset
+    from utils.loading import load_pair
+    from utils.presets import ModelLoadError, resolve_preset
 
     try:
         choice = choose_models(args, resolve_preset)

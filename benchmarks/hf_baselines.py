@@ -25,8 +25,9 @@ from transformers.generation.streamers import BaseStreamer
 
 from benchmarks.contestants import Contestant, Generation
 from sampling.base import DecodeConfig, clip
-from utils.loading import ModelLoadError, quantize_weights, resolve_quantize
 from utils.logits_processor import LogitsProcessor
+from utils.presets import ModelLoadError
+from utils.quantize import quantize_weights, resolve_quantize
 
 HF_BASELINES = ("hf_generate", "hf_assisted", "hf_assisted_gamma", "hf_assisted_int8", "hf_assisted_int4",
                 "hf_universal", "hf_prompt_lookup")

@@ -30,3 +30,9 @@ def target_model():
 def small_drafter_model():
     """Shares the target's vocabulary, smaller and differently initialised: partly accepted."""
     return tiny_model(seed=1, layers=1, hidden=16)
+
+
+@pytest.fixture(scope="session")
+def model_cache_dir(tmp_path_factory):
+    """The converted-model cache for the whole run: real models are converted once, never into the user's cache."""
+    return tmp_path_factory.mktemp("specchat-cache")

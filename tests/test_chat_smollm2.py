@@ -3,22 +3,31 @@ prompt, as both target and drafter (so every draft is accepted)."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from chat.session import ChatSession, ChatSettings, Message
 from chat.turn import View, run_turn
 from utils.caching import common_prefix_length
-from utils.loading import ModelLoadError, load_pair
+from utils.loading import load_pair
+from utils.presets import ModelLoadError
 
 pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")
-def smollm2():
+def smollm2(model_cache_dir):
     try:
-        return load_pair("smollm2-135m", "smollm2-135m", device="cpu", dtype="float32", progress=False)
+        return load_pair("smollm2-135m", "smollm2-135m", device="cpu", dtype="float32", cache_dir=model_cache_dir,
+                         progress=False)
     except ModelLoadError as error:
         pytest.skip(f"SmolLM2 is not available: {error}")
+
+
+def test_the_conversion_goes_into_the_test_cache(smollm2, model_cache_dir):
+    # bug: this file converted SmolLM2 into the user's real cache (~/.cache/specchat), 269 MB
+    assert Path(smollm2.target.source).is_relative_to(model_cache_dir)
 
 
 def test_multi_turn_chat_with_a_system_prompt(smollm2):

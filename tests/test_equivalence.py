@@ -15,7 +15,7 @@ from sampling.drafters.prompt_lookup import PromptLookupDrafter
 from sampling.registry import StrategySettings
 from sampling.speculative import Speculative
 from utils.caching import CachedModel
-from utils.loading import quantize_weights
+from utils.quantize import quantize_weights
 
 PROMPT = [5, 17, 42, 8, 5, 17, 42, 9, 33, 5, 17]
 MAX_NEW = 48

@@ -78,7 +78,7 @@ def test_default_strategies_drop_the_drafter_ones_without_a_drafter():
 
 
 def test_preset_and_overrides(monkeypatch):
-    from utils.loading import resolve_preset
+    from utils.presets import resolve_preset
 
     args = infer.build_parser().parse_args(["--preset", "embedded", "--drafter", "none", "--device", "cpu"])
     choice = infer.choose_models(args, resolve_preset)
@@ -116,7 +116,7 @@ def test_one_shot_json_prints_exactly_one_object(checkpoints):
 
 
 def test_quantize_choices_match_the_loader():
-    from utils.loading import QUANTIZE_CHOICES
+    from utils.presets import QUANTIZE_CHOICES
     assert infer.QUANTIZE == QUANTIZE_CHOICES
 
 

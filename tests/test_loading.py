@@ -1,4 +1,5 @@
-"""utils/loading.py: specs, presets, device/dtype, the converted-model cache, vocab and end tokens.
+"""The loader: specs, presets, device/dtype, the converted-model cache, vocab and end tokens (utils/loading.py
+and the modules it uses).
 
 Fast tests build a tiny random Llama with a word-level tokenizer in tmp_path. The `slow` ones convert
 the real SmolLM2-135M GGUF from its wheel once per session (about 25 s) and then read the cache.
@@ -6,7 +7,7 @@ the real SmolLM2-135M GGUF from its wheel once per session (about 25 s) and then
 
 import hashlib
 import json
-import time
+import socket
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -17,27 +18,14 @@ from tokenizers.models import WordLevel
 from tokenizers.pre_tokenizers import Whitespace
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
-from utils import loading
-from utils.loading import (
-    EMBEDDED,
-    MARKER_NAME,
-    PRESETS,
-    CacheLayout,
-    EmbeddedModel,
-    LoadedModel,
-    ModelLoadError,
-    Preset,
-    check_same_vocab,
-    cpuinfo_has_bf16,
-    default_cache_dir,
-    end_token_ids,
-    is_complete,
-    load_model,
-    load_pair,
-    resolve_device,
-    resolve_dtype,
-    resolve_preset,
-)
+from utils import devices, gguf, model_cache
+from utils.devices import cpuinfo_has_bf16, resolve_device, resolve_dtype
+from utils.errors import REASON_CHARS, one_line
+from utils.loading import LoadedModel, load_model, load_pair
+from utils.model_cache import CacheLayout, is_complete
+from utils.presets import EMBEDDED, PRESETS, EmbeddedModel, ModelLoadError, Preset, default_cache_dir, resolve_preset
+from utils.quantize import resolve_quantize
+from utils.vocab import check_same_vocab, end_token_ids
 
 SPECIAL_TOKENS = ["<unk>", "<pad>", "<eos>", "<|im_start|>", "<|im_end|>"]
 CHAT_TEMPLATE = (
@@ -124,23 +112,23 @@ def test_int8_replaces_linear_weights_and_keeps_the_prediction_close(tiny_dir):
     (torch.bfloat16, "mps", "none"),
 ])
 def test_auto_quantize_picks_the_low_bit_kernels_that_pay_off(dtype, device, expected):
-    assert loading.resolve_quantize("auto", dtype, torch.device(device)) == expected
-    assert loading.resolve_quantize("none", dtype, torch.device(device)) == "none"
-    assert loading.resolve_quantize("int8", dtype, torch.device(device)) == "int8"
+    assert resolve_quantize("auto", dtype, torch.device(device)) == expected
+    assert resolve_quantize("none", dtype, torch.device(device)) == "none"
+    assert resolve_quantize("int8", dtype, torch.device(device)) == "int8"
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.float64])
 def test_int4_without_bfloat16_activations_is_refused_with_the_fix(dtype):
     with pytest.raises(ModelLoadError, match="int4 weights need bfloat16") as raised:
-        loading.resolve_quantize("int4", dtype, torch.device("cpu"))
+        resolve_quantize("int4", dtype, torch.device("cpu"))
     assert "--dtype bfloat16" in str(raised.value)
-    assert loading.resolve_quantize("int4", torch.bfloat16, torch.device("cpu")) == "int4"
+    assert resolve_quantize("int4", torch.bfloat16, torch.device("cpu")) == "int4"
 
 
 @pytest.mark.parametrize("device", ["cuda", "mps"])
 def test_int4_off_the_cpu_is_refused_with_the_fix(device):
     with pytest.raises(ModelLoadError, match=f"CPU kernel, not on {device}") as raised:
-        loading.resolve_quantize("int4", torch.bfloat16, torch.device(device))
+        resolve_quantize("int4", torch.bfloat16, torch.device(device))
     assert "use int8" in str(raised.value)
 
 
@@ -198,20 +186,73 @@ def test_missing_path_names_the_path(tmp_path):
 
 
 def test_missing_hub_model_offline_names_spec_and_fixes(tmp_path, monkeypatch):
-    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")  # set after huggingface_hub read it at import
     spec = "specchat-tests/no-such-model"
+    lookups = []
 
-    started = time.perf_counter()
+    def no_network(*args, **kwargs):
+        lookups.append(args[:2])
+        raise OSError("the test allows no network")
+
+    monkeypatch.setattr(socket, "getaddrinfo", no_network)
+    monkeypatch.setattr(socket.socket, "connect", no_network)
     with pytest.raises(ModelLoadError) as raised:
         load_model(spec, device="cpu", cache_dir=tmp_path, progress=False)
     message = str(raised.value)
 
-    assert time.perf_counter() - started < 10  # offline: no network retries
+    # offline: no file is requested, so no lookup is retried (huggingface_hub retries a failed request 5 times)
+    assert len(lookups) == len(set(lookups))
+    assert "(offline mode)" in message
     assert spec in message
     assert "hf auth login" in message
     assert "--preset embedded" in message
     assert "pip install --no-deps --require-hashes -r requirements-embedded.txt" in message
     assert "Traceback" not in message and "\n" not in message
+
+
+def overwrite(path: Path, offset: int, size: int) -> None:
+    """Replace `size` bytes of `path` at `offset` with other bytes; the file keeps its length."""
+    data = bytearray(path.read_bytes())
+    data[offset:offset + size] = bytes(255 - byte for byte in data[offset:offset + size])
+    path.write_bytes(bytes(data))
+
+
+@pytest.mark.parametrize("damage", ["truncated", "garbage"])
+def test_damaged_safetensors_in_a_directory_is_one_line(tmp_path, damage):
+    # bug: a truncated or garbage model.safetensors escaped as a 29-line SafetensorError traceback
+    directory = save_tiny_model(tmp_path / "damaged")
+    weights = directory / "model.safetensors"
+    if damage == "truncated":
+        weights.write_bytes(weights.read_bytes()[:1000])
+    else:
+        overwrite(weights, 0, 64)
+
+    with pytest.raises(ModelLoadError, match="Could not load the model directory") as raised:
+        load_model(str(directory), device="cpu", dtype="float32", progress=False)
+
+    assert str(directory) in str(raised.value) and "\n" not in str(raised.value)
+
+
+def test_missing_tokenizer_reason_carries_the_cause(tmp_path):
+    # bug: the reason was cut to "(Couldn't instantiate the backend tokenizer from one of:)", the list and the
+    # cause that follow on the next lines left out
+    directory = save_tiny_model(tmp_path / "no-tokenizer")
+    (directory / "tokenizer.json").unlink()
+
+    with pytest.raises(ModelLoadError) as raised:
+        load_model(str(directory), device="cpu", dtype="float32", progress=False)
+
+    message = str(raised.value)
+    assert "a `tokenizers` library serialization file" in message
+    assert "sentencepiece or tiktoken installed" in message
+    assert "\n" not in message
+
+
+def test_one_line_reason_joins_the_lines_and_caps_the_length():
+    assert one_line(ValueError("one of:\n(1) a file,\n  (2) a class.\n")) == "one of: (1) a file, (2) a class."
+    assert one_line(KeyError()) == "KeyError"
+    long = one_line(OSError("x" * 1000))
+    assert len(long) == REASON_CHARS and long.endswith("...")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -248,7 +289,7 @@ def test_explicit_dtype_names():
 
 @pytest.mark.parametrize("has_bf16, expected", [(True, torch.bfloat16), (False, torch.float32)])
 def test_auto_dtype_on_cpu_depends_on_native_bf16(monkeypatch, has_bf16, expected):
-    monkeypatch.setattr(loading, "cpu_supports_bf16", lambda: has_bf16)
+    monkeypatch.setattr(devices, "cpu_supports_bf16", lambda: has_bf16)
     assert resolve_dtype("auto", torch.device("cpu")) is expected
 
 
@@ -301,7 +342,7 @@ def test_assemble_concatenates_in_order_and_checks_sha(tmp_path):
     parts, whole = write_chunks(tmp_path)
     dest = tmp_path / "model.gguf"
 
-    loading._assemble(parts, dest, hashlib.sha256(whole).hexdigest())
+    gguf.assemble(parts, dest, hashlib.sha256(whole).hexdigest())
 
     assert dest.read_bytes() == whole
     assert not (tmp_path / "model.gguf.partial").exists()
@@ -312,7 +353,7 @@ def test_assemble_sha_mismatch_leaves_nothing_and_says_how_to_fix(tmp_path):
     dest = tmp_path / "model.gguf"
 
     with pytest.raises(ModelLoadError, match="--force-reinstall --no-deps --require-hashes") as raised:
-        loading._assemble(parts, dest, hashlib.sha256(whole + b"!").hexdigest())
+        gguf.assemble(parts, dest, hashlib.sha256(whole + b"!").hexdigest())
 
     assert "sha256" in str(raised.value)
     assert not dest.exists()
@@ -324,7 +365,7 @@ def test_corrupted_assembled_copy_is_rebuilt_from_chunks(tmp_path):
     dest = tmp_path / "model.gguf"
     dest.write_bytes(whole[:-1] + b"X")
 
-    loading._ensure_assembled(parts, dest, hashlib.sha256(whole).hexdigest())
+    gguf.ensure_assembled(parts, dest, hashlib.sha256(whole).hexdigest())
 
     assert dest.read_bytes() == whole
 
@@ -345,13 +386,13 @@ def test_interrupted_conversion_is_never_used_and_is_rebuilt(tmp_path):
     calls = []
 
     assert not is_complete(layout, "abc")
-    hf_dir = loading._build_cache(layout, "abc", tiny_writer(calls))
+    hf_dir = model_cache.build_cache(layout, "abc", tiny_writer(calls))
 
     assert len(calls) == 1
     assert layout.temp_dirs() == []
     assert json.loads(layout.marker.read_text())["gguf_sha256"] == "abc"
     assert (hf_dir / "model.safetensors").is_file()
-    loading._build_cache(layout, "abc", tiny_writer(calls))
+    model_cache.build_cache(layout, "abc", tiny_writer(calls))
     assert len(calls) == 1  # reused
 
 
@@ -363,7 +404,7 @@ def test_failed_conversion_leaves_no_usable_cache(tmp_path):
         raise KeyboardInterrupt
 
     with pytest.raises(KeyboardInterrupt):
-        loading._build_cache(layout, "abc", crash)
+        model_cache.build_cache(layout, "abc", crash)
 
     assert not layout.hf_dir.exists() and layout.temp_dirs() == []
     assert not is_complete(layout, "abc")
@@ -372,9 +413,9 @@ def test_failed_conversion_leaves_no_usable_cache(tmp_path):
 def test_marker_for_another_gguf_forces_a_rebuild(tmp_path):
     layout = CacheLayout(tmp_path / "some-model")
     calls = []
-    loading._build_cache(layout, "old-sha", tiny_writer(calls))
+    model_cache.build_cache(layout, "old-sha", tiny_writer(calls))
 
-    loading._build_cache(layout, "new-sha", tiny_writer(calls))
+    model_cache.build_cache(layout, "new-sha", tiny_writer(calls))
 
     assert len(calls) == 2
     assert is_complete(layout, "new-sha") and not is_complete(layout, "old-sha")
@@ -385,7 +426,7 @@ def test_gguf_path_is_converted_once_and_cached_by_sha(tmp_path, monkeypatch):
     gguf.write_bytes(b"GGUF not really")
     sha = hashlib.sha256(gguf.read_bytes()).hexdigest()
     converted = []
-    monkeypatch.setattr(loading, "_convert_gguf", lambda path, dest: converted.append(path) or save_tiny_model(dest))
+    monkeypatch.setattr(model_cache, "convert_gguf", lambda path, dest: converted.append(path) or save_tiny_model(dest))
     cache = tmp_path / "cache"
 
     first = load_model(str(gguf), device="cpu", dtype="float32", cache_dir=cache, progress=False)
@@ -401,10 +442,104 @@ def test_unwritable_cache_dir_is_explained(tmp_path, monkeypatch):
     gguf.write_bytes(b"GGUF not really")
     not_a_dir = tmp_path / "cache-is-a-file"
     not_a_dir.write_text("")
-    monkeypatch.setattr(loading, "_convert_gguf", lambda path, dest: save_tiny_model(dest))
+    monkeypatch.setattr(model_cache, "convert_gguf", lambda path, dest: save_tiny_model(dest))
 
     with pytest.raises(ModelLoadError, match="Could not write the converted model into .*cache-is-a-file"):
         load_model(str(gguf), device="cpu", cache_dir=not_a_dir, progress=False)
+
+
+def converted_fake_gguf(tmp_path: Path, monkeypatch, calls: list[Path] | None = None) -> tuple[Path, CacheLayout]:
+    """A .gguf spec whose conversion writes the tiny model: the path and the cache layout it is converted into."""
+    gguf = tmp_path / "my-model.gguf"
+    gguf.write_bytes(b"GGUF not really")
+    calls = [] if calls is None else calls
+    monkeypatch.setattr(model_cache, "convert_gguf", lambda path, dest: calls.append(path) or save_tiny_model(dest))
+    layout = CacheLayout(tmp_path / "cache" / f"gguf-{hashlib.sha256(gguf.read_bytes()).hexdigest()[:16]}")
+    load_model(str(gguf), device="cpu", dtype="float32", cache_dir=tmp_path / "cache", progress=False)
+    return gguf, layout
+
+
+def test_damaged_converted_cache_says_to_delete_it(tmp_path, monkeypatch):
+    # bug: garbage in a converted copy's model.safetensors escaped as a SafetensorError traceback
+    gguf, layout = converted_fake_gguf(tmp_path, monkeypatch)
+    overwrite(layout.hf_dir / "model.safetensors", 0, 64)
+
+    with pytest.raises(ModelLoadError, match="could not be loaded") as raised:
+        load_model(str(gguf), device="cpu", dtype="float32", cache_dir=tmp_path / "cache", progress=False)
+
+    message = str(raised.value)
+    assert f"Fix: delete {layout.root} and load again" in message and "\n" not in message
+
+
+def test_marker_records_every_file_size_and_sha256(tmp_path, monkeypatch):
+    _, layout = converted_fake_gguf(tmp_path, monkeypatch)
+
+    files = json.loads(layout.marker.read_text())["files"]
+
+    written = sorted(path.name for path in layout.hf_dir.iterdir() if path.name != layout.marker.name)
+    assert sorted(files) == written and "model.safetensors" in written
+    for name, record in files.items():
+        content = (layout.hf_dir / name).read_bytes()
+        assert record == {"size": len(content), "sha256": hashlib.sha256(content).hexdigest()}
+
+
+@pytest.mark.parametrize("change", ["truncated", "grown", "deleted"])
+def test_converted_file_of_another_size_is_refused_on_every_load(tmp_path, monkeypatch, change):
+    # bug: the cache was trusted on its marker alone
+    gguf, layout = converted_fake_gguf(tmp_path, monkeypatch)
+    weights = layout.hf_dir / "model.safetensors"
+    if change == "deleted":
+        weights.unlink()
+    else:
+        content = weights.read_bytes()
+        weights.write_bytes(content[:-16] if change == "truncated" else content + b"\0" * 16)
+
+    with pytest.raises(ModelLoadError, match="model.safetensors") as raised:
+        load_model(str(gguf), device="cpu", dtype="float32", cache_dir=tmp_path / "cache", progress=False)
+
+    assert f"Fix: delete {layout.root} and load again" in str(raised.value)
+
+
+def test_overwritten_weights_are_caught_when_verifying(tmp_path, monkeypatch):
+    # bug: 16 KB of overwritten weights still loaded: the marker held no checksums
+    gguf, layout = converted_fake_gguf(tmp_path, monkeypatch)
+    weights = layout.hf_dir / "model.safetensors"
+    overwrite(weights, weights.stat().st_size // 2 - 8192, 16384)
+    options = {"device": "cpu", "dtype": "float32", "cache_dir": tmp_path / "cache", "progress": False}
+
+    load_model(str(gguf), **options)  # same sizes: only the checksums tell
+    for load in (lambda: load_model(str(gguf), verify=True, **options),
+                 lambda: load_pair(str(gguf), None, verify=True, **options)):
+        with pytest.raises(ModelLoadError, match="model.safetensors has sha256") as raised:
+            load()
+        assert f"Fix: delete {layout.root} and load again" in str(raised.value)
+
+
+def test_a_marker_without_file_records_is_rebuilt(tmp_path, monkeypatch):
+    # the markers written before sizes and checksums were recorded vouch for nothing: the copy is converted again
+    calls = []
+    gguf, layout = converted_fake_gguf(tmp_path, monkeypatch, calls)
+    marker = json.loads(layout.marker.read_text())
+    del marker["files"]
+    layout.marker.write_text(json.dumps(marker))
+
+    load_model(str(gguf), device="cpu", dtype="float32", cache_dir=tmp_path / "cache", verify=True, progress=False)
+
+    assert len(calls) == 2
+    assert "files" in json.loads(layout.marker.read_text())
+
+
+def test_unreadable_gguf_is_explained_and_leaves_no_cache_folder(tmp_path):
+    # bug: a failed .gguf conversion left an empty gguf-<sha>/ folder in the cache (and this one's struct.error
+    # escaped as a traceback)
+    gguf = tmp_path / "broken.gguf"
+    gguf.write_bytes(b"GGUF not really")
+    cache = tmp_path / "cache"
+
+    with pytest.raises(ModelLoadError, match="transformers could not read the GGUF"):
+        load_model(str(gguf), device="cpu", cache_dir=cache, progress=False)
+
+    assert list(cache.iterdir()) == []
 
 
 def test_embedded_model_with_missing_wheels_gives_the_pip_command(tmp_path, monkeypatch):
@@ -424,10 +559,11 @@ def test_embedded_model_with_missing_wheels_gives_the_pip_command(tmp_path, monk
     assert "ghost-1b" in message and "specchat-no-such-wheel-part1" in message
     assert "pip install --no-deps --require-hashes -r requirements-embedded.txt" in message
     assert not is_complete(CacheLayout(tmp_path / "ghost-1b"), ghost.sha256)
+    assert not (tmp_path / "ghost-1b").exists()
 
 
 def test_embedded_wheels_are_located_without_importing_them():
-    parts = loading._locate_parts(EMBEDDED["smollm2-135m"])
+    parts = gguf.locate_parts(EMBEDDED["smollm2-135m"])
     assert [part.name for part in parts] == ["SmolLM2-135M-Instruct.Q4_1.gguf"]
     assert parts[0].stat().st_size == EMBEDDED["smollm2-135m"].size
 
@@ -491,11 +627,9 @@ def test_pad_token_is_not_an_end_token_unless_it_is_an_eos():
 
 
 @pytest.fixture(scope="session")
-def smollm2_first_load(tmp_path_factory):
-    cache = tmp_path_factory.mktemp("specchat-cache")
-    started = time.perf_counter()
-    loaded = load_model("smollm2-135m", device="cpu", dtype="bfloat16", cache_dir=cache, progress=False)
-    return SimpleNamespace(loaded=loaded, seconds=time.perf_counter() - started, cache=cache)
+def smollm2_first_load(model_cache_dir):
+    loaded = load_model("smollm2-135m", device="cpu", dtype="bfloat16", cache_dir=model_cache_dir, progress=False)
+    return SimpleNamespace(loaded=loaded, cache=model_cache_dir)
 
 
 @pytest.mark.slow
@@ -503,16 +637,13 @@ def test_smollm2_second_load_reads_the_cache(smollm2_first_load, monkeypatch):
     def no_conversion(*args):
         raise AssertionError("converted again instead of using the cache")
 
-    monkeypatch.setattr(loading, "_convert_gguf", no_conversion)
+    monkeypatch.setattr(model_cache, "convert_gguf", no_conversion)
     cache = smollm2_first_load.cache
-    started = time.perf_counter()
     second = load_model("smollm2-135m", device="cpu", dtype="bfloat16", cache_dir=cache, progress=False)
-    cached_seconds = time.perf_counter() - started
 
     layout = CacheLayout(cache / "smollm2-135m")
     assert second.source == smollm2_first_load.loaded.source == str(layout.hf_dir)
     assert json.loads(layout.marker.read_text())["gguf_sha256"] == EMBEDDED["smollm2-135m"].sha256
-    assert cached_seconds < smollm2_first_load.seconds / 3
     assert layout.temp_dirs() == [] and not layout.gguf_path.exists()
     assert second.model.dtype == torch.bfloat16
     prompt = "def fibonacci(n):"
@@ -523,8 +654,7 @@ def test_smollm2_second_load_reads_the_cache(smollm2_first_load, monkeypatch):
 def test_smollm2_end_ids_from_its_real_tokenizer(smollm2_first_load):
     loaded = smollm2_first_load.loaded
     im_end = loaded.tokenizer.convert_tokens_to_ids("<|im_end|>")
-    assert end_token_ids(loaded.tokenizer, loaded.model.generation_config) == (im_end,)
-    assert loaded.tokenizer.convert_tokens_to_ids("<|endoftext|>") not in (im_end,)  # not the eos: left out
+    assert end_token_ids(loaded.tokenizer, loaded.model.generation_config) == (im_end,)  # <|endoftext|> left out
 
 
 @pytest.mark.slow
