@@ -13,7 +13,7 @@ import argparse
 import datetime
 import shlex
 import sys
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 
 import torch
@@ -24,11 +24,11 @@ from benchmarks.hf_baselines import HF_BASELINES, build_hf_baselines, sampling_k
 from benchmarks.prompts import DEFAULT_PROMPTS, chat_ids, count_by_category, load_prompts
 from benchmarks.report import machine_description, markdown, plot, print_tables, summarize, write_json
 from benchmarks.runner import REFERENCE, Checkpoint, CheckpointMismatch, Encoder, RunSettings, run_benchmark
-from sampling.base import DecodeConfig
-from sampling.registry import NEEDS_DRAFTER, STRATEGIES, StrategySettings, build_strategy
+from sampling.registry import NEEDS_DRAFTER, STRATEGIES, build_strategy
 from utils.caching import CachedModel
+from utils.flags import (FlagError, ModelChoice, add_decoding_flags, add_model_flags, check_model_names, decoding,
+                         model_choice)
 from utils.loading import load_model, load_pair
-from utils.logits_processor import make_processor
 from utils.presets import ModelLoadError, resolve_preset
 
 NOT_BY_DEFAULT = ("drafter", "beam")  # not speculative methods: measured only when asked for
@@ -37,17 +37,12 @@ QUICK_PROMPTS, QUICK_TOKENS, FULL_TOKENS = 2, 16, 128
 SCHEMA_VERSION = 1
 
 
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     models = p.add_argument_group("models")
-    models.add_argument("--preset", default="auto", help="model pair preset (auto, embedded, llama-3.2); "
-                        "ignored when --target is given")
-    models.add_argument("--target", help="target model spec: embedded name, saved directory, .gguf or Hub id")
-    models.add_argument("--drafter", help="drafter model spec (same tokenizer as the target)")
+    add_model_flags(models)
     models.add_argument("--universal-drafter", help="drafter with another tokenizer for hf_universal "
                         f"(default {UNIVERSAL_DRAFTER} with a preset, none with --target; 'none' to skip)")
-    models.add_argument("--dtype", default="auto", help="auto, bfloat16, float32, float16")
-    models.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N, mps")
     models.add_argument("--compile", action=argparse.BooleanOptionalAction,
                         help="compile our drafter's one-token forward before measuring (torch.compile; HF's drafter "
                              "stays as loaded). Default: on a CPU")
@@ -59,54 +54,38 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     run.add_argument("--strategies", help="comma-separated: ours (" + ", ".join(STRATEGIES) + ") and HF baselines ("
                      + ", ".join(HF_BASELINES) + "); default: all but " + ", ".join(NOT_BY_DEFAULT))
     run.add_argument("--no-hf", action="store_true", help="skip the Hugging Face baselines")
-    run.add_argument("--max-new-tokens", type=int, help=f"default {FULL_TOKENS} ({QUICK_TOKENS} with --quick)")
-    run.add_argument("--gamma", type=int, default=StrategySettings.gamma, help="draft length")
-    run.add_argument("--alternatives", type=int, default=StrategySettings.draft_alternatives,
-                     help="greedy: the draft model's next-best tokens verified at each depth (0: a chain)")
-    run.add_argument("--verify-width", type=int, default=StrategySettings.verify_width, metavar="W",
-                     help="the most tokens one verify forward takes (alternatives and other copies fill up to it)")
-    run.add_argument("--draft-cumulative", type=float, default=StrategySettings.draft_cumulative, metavar="P",
-                     help="the draft model stops drafting once the product of its probabilities of its tokens falls "
-                          "below P (0: always gamma tokens)")
-    run.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
-    run.add_argument("--top-k", type=int, help="sampling only")
-    run.add_argument("--top-p", type=float, help="sampling only")
-    run.add_argument("--seed", type=int, default=0)
     run.add_argument("--quick", action="store_true",
                      help=f"smoke run: {QUICK_PROMPTS} prompts, {QUICK_TOKENS} new tokens unless given")
     run.add_argument("--cost-repeats", type=int, help="timed forwards per cost measurement (default 7, 3 quick)")
+    decoding_flags = p.add_argument_group("decoding")
+    add_decoding_flags(decoding_flags, max_new_tokens=None, seed=0,
+                       max_new_tokens_help=f"default {FULL_TOKENS} ({QUICK_TOKENS} with --quick)")
     out = p.add_argument_group("output")
     out.add_argument("--out", type=Path, help="output directory (default bench_results/<timestamp>/)")
     out.add_argument("--resume", action="store_true", help="continue the interrupted run in --out: prompts already "
                      "in its progress.jsonl are kept, the rest are measured (the settings must be the same)")
     out.add_argument("--markdown", type=Path, help="also write the markdown summary to this path")
     out.add_argument("--no-progress", action="store_true", help="no progress bars")
+    return p
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = build_parser()
     args = p.parse_args(argv)
+    if args.max_new_tokens is None:
+        args.max_new_tokens = QUICK_TOKENS if args.quick else FULL_TOKENS
     _validate(p, args)
     return args
 
 
 def _validate(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
-    if args.gamma < 1:
-        p.error(f"--gamma must be >= 1, got {args.gamma}")
-    if args.alternatives < 0:
-        p.error(f"--alternatives must be >= 0, got {args.alternatives}")
-    if args.verify_width < 2:
-        p.error(f"--verify-width must be >= 2, got {args.verify_width}")
-    if not 0 <= args.draft_cumulative < 1:
-        p.error(f"--draft-cumulative must be in [0, 1), got {args.draft_cumulative}")
-    if args.max_new_tokens is not None and args.max_new_tokens < 1:
-        p.error(f"--max-new-tokens must be >= 1, got {args.max_new_tokens}")
+    """The benchmark's own flags; the decoding and model flags are checked by the settings they build."""
     if args.limit is not None and args.limit < 1:
         p.error(f"--limit must be >= 1, got {args.limit}")
-    if args.temperature < 0:
-        p.error(f"--temperature must be >= 0, got {args.temperature}")
     if args.threads is not None and args.threads < 1:
         p.error(f"--threads must be >= 1, got {args.threads}")
     if args.resume and not args.out:
         p.error("--resume needs --out: the directory of the run to continue")
-    if args.drafter and not args.target:
-        p.error("--drafter needs --target (or use --preset)")
     if args.strategies:
         names = _split(args.strategies)
         unknown = [n for n in names if n not in STRATEGIES + HF_BASELINES]
@@ -114,6 +93,11 @@ def _validate(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
             p.error(f"unknown strategies {', '.join(unknown)}; choose from {', '.join(STRATEGIES + HF_BASELINES)}")
         if args.no_hf and any(n in HF_BASELINES for n in names):
             p.error("--no-hf contradicts the HF baselines named in --strategies")
+    try:
+        check_model_names(args)
+        args.decoding = decoding(args)
+    except FlagError as error:
+        p.error(str(error))
 
 
 def _split(text: str | None) -> list[str]:
@@ -131,18 +115,11 @@ def selected_strategies(args: argparse.Namespace) -> tuple[list[str], list[str]]
     return ours, hf
 
 
-def model_specs(args: argparse.Namespace) -> dict:
-    if args.target:
-        universal = args.universal_drafter
-        return {"target": args.target, "drafter": args.drafter, "target_quantize": "none",
-                "drafter_quantize": "none", "device": args.device,
-                "universal": None if universal in (None, "none") else universal}
-    preset = resolve_preset(args.preset)
-    universal = args.universal_drafter or UNIVERSAL_DRAFTER
-    return {"target": preset.target, "drafter": preset.drafter, "target_quantize": preset.target_quantize,
-            "drafter_quantize": preset.drafter_quantize,
-            "device": preset.device if args.device == "auto" else args.device,
-            "universal": None if universal == "none" else universal, "preset": preset.name}
+def model_specs(args: argparse.Namespace) -> tuple[ModelChoice, str | None]:
+    """The pair to measure, and the drafter with another tokenizer for hf_universal (None: none)."""
+    choice = model_choice(args, resolve_preset)
+    universal = args.universal_drafter or (UNIVERSAL_DRAFTER if choice.preset else None)
+    return choice, None if universal == "none" else universal
 
 
 def timing_context(prompts, encode, max_new_tokens: int, limit: int) -> list[int]:
@@ -157,7 +134,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
-    max_new_tokens = args.max_new_tokens or (QUICK_TOKENS if args.quick else FULL_TOKENS)
+    if args.decoding.ignored:
+        print(f"warning: {args.decoding.ignored}", file=sys.stderr)
+    max_new_tokens = args.max_new_tokens
     prompts = load_prompts(args.prompts, _split(args.categories) or None, args.limit)
     if args.quick:
         firsts = {}
@@ -168,14 +147,16 @@ def main(argv: list[str] | None = None) -> int:
         print("no prompts selected", file=sys.stderr)
         return 2
     ours, hf = selected_strategies(args)
-    specs = model_specs(args)
+    choice, universal_spec = model_specs(args)
     try:
-        pair = load_pair(specs["target"], specs["drafter"], device=specs["device"], dtype=args.dtype,
-                         target_quantize=specs["target_quantize"], drafter_quantize=specs["drafter_quantize"],
+        pair = load_pair(choice.target, choice.drafter, device=choice.device, dtype=args.dtype,
+                         target_quantize=choice.target_quantize, drafter_quantize=choice.drafter_quantize,
+                         trust_remote_code=args.trust_remote_code, cache_dir=args.cache_dir,
                          progress=not args.no_progress)
         universal = None
-        if "hf_universal" in hf and specs["universal"]:
-            universal = load_model(specs["universal"], device=specs["device"], dtype=args.dtype,
+        if "hf_universal" in hf and universal_spec:
+            universal = load_model(universal_spec, device=choice.device, dtype=args.dtype,
+                                   trust_remote_code=args.trust_remote_code, cache_dir=args.cache_dir,
                                    progress=not args.no_progress)
     except ModelLoadError as error:
         print(f"error: {error}", file=sys.stderr)
@@ -185,8 +166,7 @@ def main(argv: list[str] | None = None) -> int:
     tokenizer = target.tokenizer
     end_ids = pair.end_ids
 
-    settings = StrategySettings(gamma=args.gamma, draft_alternatives=args.alternatives, verify_width=args.verify_width,
-                                draft_cumulative=args.draft_cumulative)
+    settings = args.decoding.strategy
     target_lm = CachedModel(target.model)
     drafter_lm = CachedModel(drafter.model, drafter.dense) if drafter is not None else None
     cached = [lm for lm in (target_lm, drafter_lm) if lm is not None]
@@ -204,8 +184,8 @@ def main(argv: list[str] | None = None) -> int:
     contestants += baselines
     skipped += [asdict(s) for s in hf_skipped]
 
-    processor = make_processor(args.temperature, args.top_k, args.top_p)
-    config = DecodeConfig(max_new_tokens, processor, end_ids, args.seed)
+    config = replace(args.decoding.config, end_ids=end_ids)
+    processor = config.processor
     models = [m.model for m in (target, drafter, universal) if m is not None]
     context_limit = min(getattr(m.config, "max_position_embeddings", None) or 1 << 31 for m in models)
     encoder = Encoder(
@@ -239,21 +219,21 @@ def main(argv: list[str] | None = None) -> int:
     drafter_models = {c.name for c in contestants if c.kind == "ours" and c.uses_drafter_model}
     summary = summarize(measurements, costs, gammas, drafter_models, stops_early)
 
-    decoding = "greedy" if processor.is_greedy else f"sampling ({processor!r}), seed {args.seed}"
+    described = "greedy" if processor.is_greedy else f"sampling ({processor!r}), seed {args.seed}"
     report = {
         "schema_version": SCHEMA_VERSION,
         "command": "python bench.py " + shlex.join(sys.argv[1:] if argv is None else argv),
         "machine": machine_description(device, dtype),
         "config": {
-            **{k: v for k, v in specs.items() if k != "universal"},
+            **asdict(choice),
             "target": target.label, "target_source": target.source,
             "drafter": drafter.label if drafter else None, "drafter_source": drafter.source if drafter else None,
             "drafter_compiled": compiled is not None, "drafter_compile_seconds": compiled,
             "target_quantize": target.quantize, "drafter_quantize": drafter.quantize if drafter else None,
             "universal_drafter": universal.name if universal else None,
             "end_ids": list(end_ids), "max_new_tokens": max_new_tokens, "gamma": args.gamma,
-            "decoding": decoding, "greedy": processor.is_greedy, "temperature": args.temperature,
-            "top_k": args.top_k, "top_p": args.top_p, "seed": args.seed,
+            "decoding": described, "greedy": processor.is_greedy, "temperature": args.temperature,
+            "top_k": args.top_k, "top_p": args.top_p, "min_p": args.min_p, "seed": args.seed,
             "hf_sampling_kwargs": sampling_kwargs(processor), "strategy_settings": asdict(settings),
             "prompts": str(args.prompts), "categories": _split(args.categories) or None, "limit": args.limit,
             "quick": args.quick, "prompt_counts": count_by_category(prompts), "context_limit": context_limit,

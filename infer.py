@@ -7,23 +7,37 @@
 Exit codes: 0 done, 1 the models could not be loaded, 2 bad flags or input, 130 interrupted.
 """
 
+# ruff: noqa: E402 (the entry point comes before the imports that take time, so that it handles a Ctrl-C in them)
 from __future__ import annotations
+
+import sys
+
+USAGE_EXIT, LOAD_EXIT, INTERRUPTED_EXIT = 2, 1, 130
+
+if __name__ == "__main__":
+    # The script imports itself as a module under this handler: a Ctrl-C while the imports below load (seconds, on a
+    # cold start) ends it like one anywhere else, not with a traceback.
+    try:
+        import infer
+
+        sys.exit(infer.main())
+    except KeyboardInterrupt:
+        sys.stderr.write("interrupted\n")
+        sys.exit(INTERRUPTED_EXIT)
 
 import argparse
 import contextlib
-import sys
-from dataclasses import dataclass
 from pathlib import Path
 
 from rich.console import Console
 
-from sampling.settings import NEEDS_DRAFTER, STRATEGIES, StrategySettings
-from utils.presets import QUANTIZE_CHOICES as QUANTIZE
-
+from sampling.settings import NEEDS_DRAFTER, STRATEGIES
+from utils.flags import (Decoding, FlagError, add_decoding_flags, add_model_flags, check_model_names,
+                         decoding, model_choice)
+from utils.presets import default_cache_dir
 
 DEFAULT_STRATEGIES = ("auto", "speculative", "autoregressive")
-HISTORY_FILE = Path("~/.cache/specchat/history").expanduser()
-USAGE_EXIT, LOAD_EXIT, INTERRUPTED_EXIT = 2, 1, 130
+DEFAULT_MAX_NEW_TOKENS = 256
 
 
 class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
@@ -45,54 +59,18 @@ def build_parser() -> argparse.ArgumentParser:
         epilog="In the REPL, /help lists the commands that change these settings while chatting.",
         formatter_class=HelpFormatter)
     models = p.add_argument_group("models")
-    models.add_argument("--preset", default="auto",
-                        help="model pair: auto (llama-3.2 with CUDA, else embedded), embedded, llama-3.2")
-    models.add_argument("--target", "--model", "-m", metavar="SPEC",
-                        help="target model: an embedded name, a saved directory, a .gguf file or a Hub id "
-                             "(replaces the preset; then the drafter is --drafter or none)")
-    models.add_argument("--drafter", "--model-draft", "-md", "--assistant-model", metavar="SPEC",
-                        help="drafter model, same kinds of SPEC; 'none' for no drafter")
-    models.add_argument("--device", metavar="DEVICE", help="auto, cpu, cuda, cuda:N or mps (default: the preset's)")
-    models.add_argument("--dtype", default="auto", help="auto, float32, bfloat16, float16 or float64")
-    low_bit = "int4 needs bfloat16; auto: int4 on a bf16 CPU, int8 on CUDA (default: the preset's)"
-    models.add_argument("--target-quantize", choices=QUANTIZE, help=f"target weights; {low_bit}")
-    models.add_argument("--drafter-quantize", choices=QUANTIZE, help=f"drafter weights; {low_bit}")
+    add_model_flags(models)
     models.add_argument("--compile", action=argparse.BooleanOptionalAction,
                         help="compile the drafter's one-token forward (torch.compile; tens of seconds, in the "
                              "background while the chat waits for the first prompt, which waits for it if sent "
                              "earlier). Default: on in the chat when the drafter runs on a CPU, off for one prompt (-p)")
-    models.add_argument("--trust-remote-code", action="store_true", help="allow models that ship their own code")
-    models.add_argument("--cache-dir", type=Path, metavar="DIR", help="where converted embedded models are kept "
-                                                       "(default ~/.cache/specchat)")
-    decoding = p.add_argument_group("decoding")
-    decoding.add_argument("--strategy", "--strategies", metavar="LIST",
-                          help=f"comma-separated strategies to run, in order; the first one's answer goes into the "
-                               f"chat history (default: {','.join(DEFAULT_STRATEGIES)}, without the drafter ones "
-                               f"when there is no drafter). Choices: {', '.join(STRATEGIES)}")
-    decoding.add_argument("--gamma", "--draft-max", "--num-assistant-tokens", type=int,
-                          default=StrategySettings.gamma, metavar="N",
-                          help="the most tokens drafted per round")
-    decoding.add_argument("--max-new-tokens", "-n", "--n-predict", type=int, default=256, metavar="N",
-                          help="max new tokens per answer")
-    decoding.add_argument("--temperature", "--temp", type=float, default=0.0, metavar="T", help="0 = greedy")
-    decoding.add_argument("--top-k", type=int, metavar="K", help="top-k sampling (with --temperature > 0)")
-    decoding.add_argument("--top-p", type=float, metavar="P", help="nucleus sampling (with --temperature > 0)")
-    decoding.add_argument("--min-p", type=float, metavar="P", help="min-p sampling (with --temperature > 0)")
-    decoding.add_argument("--seed", "-s", type=int, metavar="N", help="sampling seed (default: random)")
-    decoding.add_argument("--num-beams", type=int, default=4, metavar="N", help="beam width for the beam strategy")
-    decoding.add_argument("--alternatives", type=int, default=StrategySettings.draft_alternatives, metavar="N",
-                          help="greedy: also verify the draft model's next N best tokens at each depth")
-    decoding.add_argument("--verify-width", type=int, default=StrategySettings.verify_width, metavar="W",
-                          help="the most tokens one verify forward takes: the draft model's alternatives and prompt "
-                               "lookup's other copies fill up to it, the least likely dropped first")
-    decoding.add_argument("--draft-cumulative", type=float, default=StrategySettings.draft_cumulative, metavar="P",
-                          help="the draft model stops once the product of its probabilities of its tokens (its "
-                               "estimate that the whole draft is accepted) falls below P; 0: always --gamma tokens")
-    decoding.add_argument("--lookahead", type=int, nargs=3, metavar=("W", "N", "G"),
-                          default=(StrategySettings.lookahead_window, StrategySettings.lookahead_ngram,
-                                   StrategySettings.lookahead_candidates),
-                          help="lookahead window W, n-gram size N, verified candidates G")
-    decoding.add_argument("--ignore-eos", action="store_true", help="keep generating past end tokens")
+    decoding_flags = p.add_argument_group("decoding")
+    decoding_flags.add_argument("--strategy", "--strategies", metavar="LIST",
+                                help=f"comma-separated strategies to run, in order; the first one's answer goes into "
+                                     f"the chat history (default: {','.join(DEFAULT_STRATEGIES)}, without the drafter "
+                                     f"ones when there is no drafter). Choices: {', '.join(STRATEGIES)}")
+    add_decoding_flags(decoding_flags, max_new_tokens=DEFAULT_MAX_NEW_TOKENS, seed=None)
+    decoding_flags.add_argument("--ignore-eos", action="store_true", help="keep generating past end tokens")
     chat = p.add_argument_group("chat")
     chat.add_argument("--system", "--system-prompt", "-sys", metavar="TEXT", help="system prompt")
     chat.add_argument("--no-chat", action="store_true", help="raw completion: no chat template, no history")
@@ -109,33 +87,11 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-@dataclass(frozen=True)
-class ModelChoice:
-    target: str
-    drafter: str | None
-    device: str
-    target_quantize: str
-    drafter_quantize: str
-
-
-def choose_models(args: argparse.Namespace, resolve_preset) -> ModelChoice:
-    """The preset, with --target/--drafter/--device/--*-quantize overriding it."""
-    if args.target:
-        target, drafter, device, target_q, drafter_q = args.target, args.drafter, "auto", "none", "none"
-    else:
-        preset = resolve_preset(args.preset)
-        target, drafter, device = preset.target, args.drafter or preset.drafter, preset.device
-        target_q, drafter_q = preset.target_quantize, preset.drafter_quantize
-    if drafter is not None and drafter.lower() == "none":
-        drafter = None
-    return ModelChoice(target, drafter, args.device or device, args.target_quantize or target_q,
-                       args.drafter_quantize or drafter_q)
-
-
 def parse_strategies(text: str | None, has_drafter: bool) -> tuple[str, ...]:
     """--strategy as a tuple; by default the drafter strategies are left out when there is no drafter."""
     explicit = text is not None
-    names = tuple(name.strip().lower() for name in (text or ",".join(DEFAULT_STRATEGIES)).split(",") if name.strip())
+    names = tuple(name.strip().lower() for name in (text if explicit else ",".join(DEFAULT_STRATEGIES)).split(",")
+                  if name.strip())
     if not names:
         raise InputError("--strategy needs at least one strategy")
     for name in names:
@@ -151,28 +107,21 @@ def parse_strategies(text: str | None, has_drafter: bool) -> tuple[str, ...]:
     return tuple(name for name in names if name not in NEEDS_DRAFTER) or ("autoregressive",)
 
 
-def check_flags(args: argparse.Namespace) -> None:
-    """What can be checked before loading anything (loading takes seconds to minutes)."""
-    if args.gamma < 1:
-        raise InputError(f"--gamma must be >= 1, got {args.gamma}")
-    if args.max_new_tokens < 1:
-        raise InputError(f"--max-new-tokens must be >= 1, got {args.max_new_tokens}")
-    if args.num_beams < 1:
-        raise InputError(f"--num-beams must be >= 1, got {args.num_beams}")
-    if args.temperature < 0:
-        raise InputError(f"--temperature must be >= 0, got {args.temperature}")
-    if args.alternatives < 0:
-        raise InputError(f"--alternatives must be >= 0, got {args.alternatives}")
-    if args.verify_width < 2:
-        raise InputError(f"--verify-width must be >= 2 (the last token and one draft), got {args.verify_width}")
-    if not 0 <= args.draft_cumulative < 1:
-        raise InputError(f"--draft-cumulative must be in [0, 1), got {args.draft_cumulative}")
-    window, ngram, candidates = args.lookahead
-    if window < 1 or ngram < 2 or candidates < 1:
-        raise InputError(f"--lookahead W N G needs W >= 1, N >= 2, G >= 1, got {window} {ngram} {candidates}")
+def check_flags(args: argparse.Namespace) -> Decoding:
+    """What can be checked before loading anything (loading takes seconds to minutes), without importing torch."""
     if args.json and args.prompt is None and args.prompt_file is None:
         raise InputError("--json needs --prompt or --prompt-file")
-    make_settings(args, parse_strategies(args.strategy, has_drafter=True))  # strategy names, processor parameters
+    parse_strategies(args.strategy, has_drafter=True)
+    try:
+        check_model_names(args)
+        return decoding(args)
+    except FlagError as error:
+        raise InputError(str(error)) from None
+
+
+def history_file(cache_dir: Path | None) -> Path:
+    """The REPL's input history, beside the converted models (--cache-dir, else $XDG_CACHE_HOME/specchat)."""
+    return (cache_dir or default_cache_dir()) / "history"
 
 
 def read_prompt(args: argparse.Namespace) -> str | None:
@@ -184,22 +133,14 @@ def read_prompt(args: argparse.Namespace) -> str | None:
         raise InputError(f"cannot read --prompt-file {args.prompt_file}: {getattr(error, 'strerror', None) or error}")
 
 
-def make_settings(args: argparse.Namespace, strategies: tuple[str, ...]):
+def make_settings(args: argparse.Namespace, chosen: Decoding, strategies: tuple[str, ...]):
     from chat.session import ChatSettings
-    from utils.logits_processor import make_processor
 
+    config = chosen.config
     try:
-        processor = make_processor(args.temperature, args.top_k, args.top_p, args.min_p)
-        return ChatSettings(strategies=strategies,
-                            strategy=StrategySettings(gamma=args.gamma, num_beams=args.num_beams,
-                                                      draft_alternatives=args.alternatives,
-                                                      verify_width=args.verify_width,
-                                                      draft_cumulative=args.draft_cumulative,
-                                                      lookahead_window=args.lookahead[0],
-                                                      lookahead_ngram=args.lookahead[1],
-                                                      lookahead_candidates=args.lookahead[2]),
-                            processor=processor, max_new_tokens=args.max_new_tokens, seed=args.seed,
-                            chat_template=not args.no_chat, system=args.system, ignore_eos=args.ignore_eos)
+        return ChatSettings(strategies=strategies, strategy=chosen.strategy, processor=config.processor,
+                            max_new_tokens=config.max_new_tokens, seed=config.seed, chat_template=not args.no_chat,
+                            system=args.system, ignore_eos=args.ignore_eos)
     except ValueError as error:
         raise InputError(str(error)) from None
 
@@ -212,12 +153,14 @@ def main(argv: list[str] | None = None) -> int:
     errors = Console(stderr=True, highlight=False)
     json_out = sys.stdout if args.json else None  # the real stdout, before it is redirected
     try:
-        check_flags(args)
+        chosen = check_flags(args)
+        if chosen.ignored:
+            errors.print(f"infer.py: warning: {chosen.ignored}", style="yellow", markup=False, soft_wrap=True)
         prompt = read_prompt(args)
         if prompt is not None and not prompt.strip():
             raise InputError("the prompt is empty")
         with contextlib.redirect_stdout(sys.stderr) if args.json else contextlib.nullcontext():
-            return run(args, console, errors, prompt, one_shot, json_out)
+            return run(args, chosen, console, errors, prompt, one_shot, json_out)
     except InputError as error:
         errors.print(f"infer.py: error: {error}", style="red", markup=False, soft_wrap=True)
         return USAGE_EXIT
@@ -226,8 +169,8 @@ def main(argv: list[str] | None = None) -> int:
         return INTERRUPTED_EXIT
 
 
-def run(args: argparse.Namespace, console: Console, errors: Console, prompt: str | None, one_shot: bool,
-        json_out) -> int:
+def run(args: argparse.Namespace, chosen: Decoding, console: Console, errors: Console, prompt: str | None,
+        one_shot: bool, json_out) -> int:
     if not args.verbose:
         quiet_libraries()
     from chat.app import ChatApp
@@ -237,7 +180,7 @@ def run(args: argparse.Namespace, console: Console, errors: Console, prompt: str
     from utils.presets import ModelLoadError, resolve_preset
 
     try:
-        choice = choose_models(args, resolve_preset)
+        choice = model_choice(args, resolve_preset)
         strategies = parse_strategies(args.strategy, choice.drafter is not None)
         if not one_shot:
             errors.print(f"loading {choice.target}" + (f" + {choice.drafter}" if choice.drafter else "") + " …",
@@ -251,7 +194,7 @@ def run(args: argparse.Namespace, console: Console, errors: Console, prompt: str
             raise
         errors.print(f"infer.py: error: {error}", style="red", markup=False, soft_wrap=True)
         return LOAD_EXIT
-    settings = make_settings(args, strategies)
+    settings = make_settings(args, chosen, strategies)
     if settings.chat_template and not pair.target.tokenizer.chat_template:
         errors.print("the target's tokenizer has no chat template: raw completion", style="yellow")
     parameter = next(pair.target.model.parameters())
@@ -270,7 +213,7 @@ def run(args: argparse.Namespace, console: Console, errors: Console, prompt: str
             return run_oneshot(session, info, prompt, console, json_out)
         except ValueError as error:  # the prompt does not fit the context
             raise InputError(str(error)) from None
-    app = ChatApp(session, console, info, HISTORY_FILE, compare=not args.no_compare, debug=args.debug)
+    app = ChatApp(session, console, info, history_file(args.cache_dir), compare=not args.no_compare, debug=args.debug)
     return app.run()
 
 
@@ -281,7 +224,3 @@ def quiet_libraries() -> None:
 
     hf_logging.set_verbosity_error()
     warnings.filterwarnings("ignore", category=UserWarning)
-
-
-if __name__ == "__main__":
-    sys.exit(main())

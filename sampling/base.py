@@ -5,11 +5,15 @@ from __future__ import annotations
 import time
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
-from typing import Iterator
+from typing import TYPE_CHECKING, Iterator
 
-import torch
-
+from utils.checks import integer
 from utils.logits_processor import GreedyProcessor, LogitsProcessor
+
+if TYPE_CHECKING:
+    import torch
+
+MAX_SEED = 2**63 - 1  # the largest int64: one bound for the command lines and /seed (torch would take 2**64 - 1)
 
 
 @dataclass(frozen=True)
@@ -20,11 +24,14 @@ class DecodeConfig:
     seed: int | None = None
 
     def __post_init__(self):
-        if int(self.max_new_tokens) != self.max_new_tokens or self.max_new_tokens < 0:
-            raise ValueError(f"max_new_tokens must be an integer >= 0, got {self.max_new_tokens}")
+        integer("max_new_tokens", self.max_new_tokens, 0)
+        if self.seed is not None:
+            integer("seed", self.seed, 0, MAX_SEED)
         object.__setattr__(self, "end_ids", tuple(int(i) for i in self.end_ids))
 
     def make_generator(self, device: torch.device | str = "cpu") -> torch.Generator:
+        import torch  # here, not at the top: the command lines check a DecodeConfig before they import torch
+
         generator = torch.Generator(device=device)
         if self.seed is None:
             generator.seed()

@@ -1,49 +1,36 @@
-"""Strategy names and the settings every strategy is built from: plain data, importable without torch."""
+"""Strategy names and the settings every strategy is built from: plain data, importable without torch.
+
+`StrategySettings` is where each setting's bounds live: the command lines and the slash-commands build one and
+translate its `SettingError` into their own words. docs/defaults.md has the measurements behind the defaults.
+"""
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
+
+from utils.checks import choice, integer, number, switch
 
 STRATEGIES = ("autoregressive", "speculative", "auto", "drafter", "ngram", "lookup", "lookahead", "beam")
 NEEDS_DRAFTER = ("speculative", "auto", "drafter")
+STORE_KINDS = ("basic", "one-level")  # the n-gram store's kinds (sampling/drafters/ngram.py)
 
 
 @dataclass(frozen=True)
 class StrategySettings:
-    # The most tokens a round drafts. Prompt lookup and the n-gram store draft what they have up to it (4, 8 or 12:
-    # the same speed within noise, 12 prompts); the draft model stops earlier by draft_cumulative, so a higher cap
-    # only lets it run on where it is sure. Embedded pair, int4 drafter, 12 prompts interleaved: 8 -> 12 took
-    # speculative's median over autoregressive from 2.16x to 2.39x (7.5% fewer rounds for 2% more drafter forwards),
-    # auto's from 2.28x to 2.34x (7% fewer rounds), lookup's 1.20x / 1.17x (the same rounds).
+    # The most tokens a round drafts; the draft model stops earlier by draft_cumulative, so a high cap costs little.
     gamma: int = 12
     # The draft model: stop drafting below this confidence (0: never); HF's grow/shrink draft-length schedule.
     draft_confidence: float = 0.0
     draft_adaptive: bool = False
-    # The draft model: stop drafting once the product of its probabilities of its tokens (its estimate that the whole
-    # draft is accepted) falls below this (0: always gamma tokens). One more draft costs a drafter forward, c target
-    # steps, and is worth a token with that probability: it pays while P / c exceeds the tokens per target step the
-    # loop commits, r. Embedded pair, bf16 CPU, int8 drafter: c ~0.29, r ~2, so 0.6 (12 prompts interleaved, twice:
-    # speculative's median over autoregressive 1.54x / 1.57x with gamma 4 and no stop, 1.75x / 1.73x with 0.6; HF's
-    # per-token confidence 0.4 instead 1.52x). The int4 drafter: a one-token forward 33 ms against the target's 287 ms
-    # (c ~0.12) and r ~2.3, so lower; 12 prompts interleaved: speculative 2.28x / 2.13x / 2.10x median at 0.6 / 0.4 /
-    # 0.25, auto 2.11x / 2.39x at 0.6 / 0.4 — within noise, so the choice is the cost model's: target forwards plus c
-    # times drafter forwards, counted in the same run, give 2.62x / 2.72x / 2.77x (speculative) and 2.60x / 2.68x
-    # (auto); 0.4 was the measured setting nearest c * r. With the drafter's one-token forward compiled (24 ms, c ~0.09)
-    # the same count over 12 prompts (one-token drafter forwards at 0.09 target steps, multi-token ones at their
-    # measured cost), tokens per target step at 0.5 / 0.4 / 0.3 / 0.2 / 0.15 / 0.1: speculative 2.91 / 3.03 / 3.10 /
-    # 3.13 / 3.18 / 2.99, auto 2.87 / 3.00 / 3.05 / 3.09 / 3.11 / 2.97; timed, interleaved, auto 2.7% faster at 0.2
-    # than at 0.4 (59.7 s -> 58.1 s, median per prompt 1.028x). 0.2: on the flat top, short of where it falls.
+    # The draft model: stop once the product of its probabilities of its tokens falls below this (0: always gamma
+    # tokens); near the drafter's cost times the tokens a target step commits, where one more draft stops paying.
     draft_cumulative: float = 0.2
-    # Greedy: the draft model's next-best tokens at each depth verified beside its chain (a token tree; 0: a chain).
-    # Embedded pair, bf16, 12 prompts interleaved: 1 took speculative's median from 1.56x to 1.88x, auto's from 1.62x
-    # to 1.77x. In float32 on a CPU a wider verify costs more (5 tokens: 1.85x one step): use 0 there.
+    # Greedy: the draft model's next-best tokens at each depth verified beside its chain (a token tree; 0: a chain);
+    # a 16-bit target verifies them at almost no cost (in float32 on a CPU a wider verify costs more: use 0 there).
     draft_alternatives: int = 4
-    # The most tokens one verify forward takes (the last committed token and the draft): alternatives are dropped,
-    # the least likely first, where the chain and they would exceed it. bf16 1.5B on a 2-core CPU at a 250-token
-    # context, medians of 6: 1-14 tokens cost the same as 1, 15-16 1.11x, 17-20 1.31x, 25 1.27x, 33 1.45x, 49 1.65x.
-    # With that curve and the drafter's forwards (c 0.11) as the cost of the same 12 prompts' rounds (64 tokens, int4
-    # drafter), tokens per target step, mean: speculative 2.86 with 1 alternative and no cap, 2.99 capped at 14,
-    # 3.11 / 3.14 / 3.14 with 3 / 4 / 6 alternatives at 14 (3.07 at 12); auto 2.87 -> 3.10 (1 uncapped -> 3 at 14).
+    # The most tokens one verify forward takes (the last committed token and the draft), the least likely alternatives
+    # dropped first: the widest forward that costs about what a one-token forward does.
     verify_width: int = 14
     # auto: prompt lookup drafts up to copy_gamma tokens where it matches at least auto_min_match tokens of context;
     # the draft model (gamma tokens) elsewhere.
@@ -55,11 +42,8 @@ class StrategySettings:
     ngram_reset_each_prompt: bool = True
     lookup_max_ngram: int = 3
     lookup_min_ngram: int = 1
-    # Lookahead: window W, n-gram size N, candidates G. A forward feeds up to 1 + (N-1)W - 1 + G(N-1) tokens (6 here),
-    # and on a 2-core CPU a bf16 1.5B forward costs ~351 ms for 1 token, ~324 ms for 5, ~339 ms for 8, ~416 ms for 12
-    # (at a 200-token context). Greedy on two chat prompts with the embedded 0.5B, (W, N, G) = (2, 3, 1) committed
-    # 1.39 tokens per forward, (3, 3, 2) 1.45, (4, 3, 3) 1.42, (3, 4, 2) 1.45: wider windows and more candidates do
-    # not pay for their tokens on this CPU.
+    # Lookahead: window W, n-gram size N, candidates G; wider windows and more candidates do not pay for their
+    # tokens on a CPU, where a wider forward costs more.
     lookahead_window: int = 2
     lookahead_ngram: int = 3
     lookahead_candidates: int = 1
@@ -67,3 +51,27 @@ class StrategySettings:
     beam_top_k: int | None = None
     length_penalty: float = 1.0
     min_length: int = 0
+
+    def __post_init__(self):
+        integer("gamma", self.gamma, 1)
+        number("draft_confidence", self.draft_confidence, 0, 1, high_open=True)
+        switch("draft_adaptive", self.draft_adaptive)
+        number("draft_cumulative", self.draft_cumulative, 0, 1, high_open=True)
+        integer("draft_alternatives", self.draft_alternatives, 0, 8)
+        integer("verify_width", self.verify_width, 2, 64)  # the last committed token and at least one draft
+        integer("copy_gamma", self.copy_gamma, 1)
+        integer("auto_min_match", self.auto_min_match, 1, 16)
+        integer("ngram_n", self.ngram_n, 2, 16)
+        choice("ngram_kind", self.ngram_kind, STORE_KINDS)
+        integer("ngram_filler_top_k", self.ngram_filler_top_k, 0, 64)
+        switch("ngram_reset_each_prompt", self.ngram_reset_each_prompt)
+        integer("lookup_max_ngram", self.lookup_max_ngram, 1, 16)
+        integer("lookup_min_ngram", self.lookup_min_ngram, 1, self.lookup_max_ngram)
+        integer("lookahead_window", self.lookahead_window, 2, 16)  # row 0 is the last token and at least one guess
+        integer("lookahead_ngram", self.lookahead_ngram, 2, 8)
+        integer("lookahead_candidates", self.lookahead_candidates, 0, 16)  # 0: the Jacobi window's guesses alone
+        integer("num_beams", self.num_beams, 1, 64)
+        if self.beam_top_k is not None:
+            integer("beam_top_k", self.beam_top_k, 1)
+        number("length_penalty", self.length_penalty, -math.inf, math.inf)
+        integer("min_length", self.min_length, 0)

@@ -25,11 +25,14 @@ class Speculative(Strategy):
         check_prompt(prompt_ids, self.target.max_length, self.drafter.max_length)
         clock, generator, processor = Clock(), config.make_generator(self.target.device), config.processor
         ids, budget = list(prompt_ids), config.max_new_tokens
+        limit = min(self.target.max_length, self.drafter.max_length)
         self.drafter.start(ids)
-        while budget > 0:
+        while budget > 0 and len(ids) <= limit:  # the context full: a stop like the budget's (not finished)
             drafter_forwards, pool_hits = self.drafter.forwards, self.drafter.pool_hits
-            # 1. Draft: a chain or a tree; no deeper than the budget can take after the target's own token.
-            draft = self.drafter.propose(ids, min(self.gamma, budget - 1), processor, generator)
+            # 1. Draft: a chain or a tree; no deeper than the budget can take after the target's own token, nor than
+            # the context has room for (the verify forward puts the deepest node at position len(ids) - 1 + depth).
+            room = limit - len(ids)
+            draft = self.drafter.propose(ids, min(self.gamma, budget - 1, room), processor, generator).within(room)
             # 2. Verify every drafted token and the bonus position in one target forward: (1 + len(draft), V).
             logits = (self.target.extend(ids + draft.tokens, keep=len(draft) + 1) if draft.parents is None
                       else self.target.extend_tree(ids, draft.tokens, draft.parents))

@@ -219,10 +219,42 @@ def test_bad_flags_are_refused(capsys):
         bench.parse_args(["--gamma", "0"])
     with pytest.raises(SystemExit):
         bench.parse_args(["--alternatives", "-1"])
-    assert "--alternatives must be >= 0, got -1" in capsys.readouterr().err
+    assert "--alternatives must be an integer from 0 to 8, got -1" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         bench.parse_args(["--draft-cumulative", "1.5"])
-    assert "--draft-cumulative must be in [0, 1), got 1.5" in capsys.readouterr().err
+    assert "--draft-cumulative must be a number in [0, 1), got 1.5" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--lookahead", "1", "3", "1"], "--lookahead W must be an integer from 2 to 16, got 1"),
+    (["--top-p", "2"], "--top-p must be a number in (0, 1], got 2.0"),
+    (["--temperature", "nan"], "--temperature must be a finite number >= 0.001 (use 0 for greedy), got nan"),
+    (["--seed", "-1"], "--seed must be an integer from 0 to 9223372036854775807, got -1"),
+    (["--max-new-tokens", "0"], "--max-new-tokens must be an integer >= 1, got 0"),
+    (["--dtype", "float8"], "Unknown dtype 'float8'"),
+    (["--device", "gpu"], "Unknown device 'gpu'"),
+    (["--preset", "tiny"], "Unknown preset 'tiny'"),
+])
+def test_bench_refuses_what_the_settings_refuse_before_loading(capsys, argv, message):
+    """Bug: bench.py kept its own copy of the bounds (and none for the sampling flags, the seed or the model names,
+    which failed after loading): now the settings' checks, in the flag's words, exit 2."""
+    with pytest.raises(SystemExit) as exit_info:
+        bench.parse_args(argv)
+    assert exit_info.value.code == 2 and message in capsys.readouterr().err
+
+
+def test_bench_and_infer_share_the_decoding_and_model_flags():
+    import infer
+
+    def flags(parser):
+        return {option: action.default for action in parser._actions for option in action.option_strings}
+
+    ours, theirs = flags(infer.build_parser()), flags(bench.build_parser())
+    shared = ("--gamma", "--temperature", "--top-k", "--top-p", "--min-p", "--num-beams", "--alternatives",
+              "--verify-width", "--draft-cumulative", "--lookahead", "--preset", "--target", "--drafter", "--device",
+              "--dtype", "--target-quantize", "--drafter-quantize", "--trust-remote-code", "--cache-dir")
+    assert {f: ours[f] for f in shared} == {f: theirs[f] for f in shared}
+    assert bench.parse_args(["--temperature", "0.5", "--min-p", "0.2"]).decoding.config.processor.min_p == 0.2
 
 
 def test_default_selection():

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -12,6 +13,7 @@ import pytest
 import infer
 from sampling.registry import STRATEGIES
 from tests.tiny_checkpoint import save_tiny_checkpoint
+from utils.flags import model_choice
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -40,14 +42,15 @@ def test_help_documents_every_flag(capsys):
 @pytest.mark.parametrize("argv, message", [
     (["--strategy", "autoregressive,fast"], "unknown strategy 'fast'"),
     (["--strategy", ","], "--strategy needs at least one strategy"),
-    (["--gamma", "0"], "--gamma must be >= 1, got 0"),
-    (["-n", "0"], "--max-new-tokens must be >= 1"),
-    (["--temperature", "0.7", "--top-p", "1.5"], "top_p must be in (0, 1]"),
+    (["--gamma", "0"], "--gamma must be an integer >= 1, got 0"),
+    (["-n", "0"], "--max-new-tokens must be an integer >= 1, got 0"),
+    (["--temperature", "0.7", "--top-p", "1.5"], "--top-p must be a number in (0, 1], got 1.5"),
     (["--json"], "--json needs --prompt or --prompt-file"),
-    (["--alternatives", "-1"], "--alternatives must be >= 0, got -1"),
-    (["--verify-width", "1"], "--verify-width must be >= 2 (the last token and one draft), got 1"),
-    (["--draft-cumulative", "1"], "--draft-cumulative must be in [0, 1), got 1.0"),
-    (["--lookahead", "2", "1", "1"], "--lookahead W N G needs W >= 1, N >= 2, G >= 1, got 2 1 1"),
+    (["--alternatives", "-1"], "--alternatives must be an integer from 0 to 8, got -1"),
+    (["--verify-width", "1"], "--verify-width must be an integer from 2 to 64, got 1"),
+    (["--draft-cumulative", "1"], "--draft-cumulative must be a number in [0, 1), got 1.0"),
+    (["--lookahead", "2", "1", "1"], "--lookahead N must be an integer from 2 to 8, got 1"),
+    (["--num-beams", "0"], "--num-beams must be an integer from 1 to 64, got 0"),
     (["--prompt-file", "/nonexistent/prompt.txt"], "cannot read --prompt-file /nonexistent/prompt.txt"),
     (["--prompt", "  "], "the prompt is empty"),
 ])
@@ -56,6 +59,102 @@ def test_bad_input_exits_2_with_one_line(capsys, argv, message):
     captured = capsys.readouterr()
     assert captured.out == ""
     assert message in captured.err and len(captured.err.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize("argv, message", [
+    # Bug: a window of 1 passed the command line's own check ("W >= 1") and the drafter refused it after loading.
+    (["--lookahead", "1", "3", "1"], "--lookahead W must be an integer from 2 to 16, got 1"),
+    # Bug: these were accepted silently (greedy ignores the filters, an empty list meant the default strategies)...
+    (["--top-p", "2"], "--top-p must be a number in (0, 1], got 2.0"),
+    (["--top-k", "-1"], "--top-k must be an integer >= 1, got -1"),
+    (["--min-p", "0"], "--min-p must be a number in (0, 1], got 0.0"),
+    (["--strategy", ""], "--strategy needs at least one strategy"),
+    # ... or failed only once the models were loaded and the first prompt sampled.
+    (["--temperature", "inf"], "--temperature must be a finite number >= 0.001 (use 0 for greedy), got inf"),
+    (["--temperature", "nan"], "--temperature must be a finite number >= 0.001 (use 0 for greedy), got nan"),
+    (["--temperature", "1e-45"], "--temperature must be a finite number >= 0.001 (use 0 for greedy), got 1e-45"),
+    (["--seed", "-1"], "--seed must be an integer from 0 to 9223372036854775807, got -1"),
+    (["--seed", "18446744073709551616"], "--seed must be an integer from 0 to 9223372036854775807, got 1844"),
+    # Bug: these exited 1, after importing torch, where every other bad flag exits 2.
+    (["--dtype", "float8"], "Unknown dtype 'float8'; use one of: auto, float32, fp32, bfloat16"),
+    (["--device", "gpu"], "Unknown device 'gpu'; use one of: auto, cpu, cuda, cuda:N, mps."),
+    (["--device", "cuda:x"], "Unknown device 'cuda:x'"),
+    (["--preset", "tiny"], "Unknown preset 'tiny'; valid presets: auto, embedded, llama-3.2."),
+])
+def test_bad_values_are_refused_before_loading(capsys, argv, message):
+    assert infer.main(argv + ["--prompt", "hi"]) == infer.USAGE_EXIT
+    err = capsys.readouterr().err
+    assert err.startswith("infer.py: error: ") and message in err and len(err.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize("argv, warning", [
+    (["--top-k", "5"], "infer.py: warning: --top-k is ignored: --temperature 0 is greedy"),
+    (["--top-p", "0.9", "--min-p", "0.1"], "infer.py: warning: --top-p, --min-p are ignored: --temperature 0 is greedy"),
+    (["--temperature", "0.7", "--top-k", "5", "--min-p", "0.1"], "infer.py: warning: --top-k is ignored: --min-p "
+                                                                  "replaces them"),
+])
+def test_sampling_flags_that_do_not_apply_are_named_on_stderr(capsys, argv, warning):
+    """Bug: --top-k/--top-p/--min-p with temperature 0 (greedy) were ignored silently."""
+    assert infer.main(argv + ["--prompt-file", "/nonexistent/prompt.txt"]) == infer.USAGE_EXIT
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert lines[0] == warning and lines[1].startswith("infer.py: error: cannot read --prompt-file")
+
+
+def test_flags_that_apply_give_no_warning(capsys):
+    assert infer.main(["--temperature", "0.7", "--top-k", "5", "--top-p", "0.9", "--prompt", " "]) == infer.USAGE_EXIT
+    assert "warning" not in capsys.readouterr().err
+
+
+def imported_heavy_modules(argv: list[str]) -> list[str]:
+    code = ("import sys, infer\n"
+            "try:\n    infer.main(sys.argv[1:])\nexcept SystemExit:\n    pass\n"
+            "print('imported:', *[m for m in ('torch', 'transformers') if m in sys.modules])")
+    done = subprocess.run([sys.executable, "-c", code, *argv], cwd=REPO, capture_output=True, text=True, timeout=120)
+    return done.stdout.splitlines()[-1].split()[1:]
+
+
+@pytest.mark.parametrize("argv", [
+    ["--help"],
+    ["--temperature", "0.7", "--top-k", "5", "--top-p", "0.9", "--seed", "3", "--lookahead", "3", "4", "2",
+     "--strategy", "lookahead,beam", "--dtype", "bfloat16", "--device", "cuda:1", "--preset", "embedded",
+     "--prompt-file", "/nonexistent/prompt.txt"],  # every flag checked, then the missing file ends it
+    ["--dtype", "float8", "--prompt", "hi"],
+    ["--top-p", "2", "--prompt", "hi"],
+], ids=["help", "checked-flags", "bad-dtype", "bad-top-p"])
+def test_the_flag_path_imports_neither_torch_nor_transformers(argv):
+    """--help and every flag check stay instant: importing torch takes seconds. (Bug: checking the flags built the
+    chat's settings, which imported torch, before a bad flag was refused.)"""
+    assert imported_heavy_modules(argv) == []
+
+
+def test_ctrl_c_while_the_imports_load_says_interrupted_and_exits_130(tmp_path):
+    """Bug: a Ctrl-C in the first seconds after launch printed a KeyboardInterrupt traceback: the imports ran outside
+    main's handler. A sitecustomize module raises SIGINT in the process itself when infer.py's imports reach
+    sampling.settings, so the signal lands there every time."""
+    (tmp_path / "sitecustomize.py").write_text(
+        "import signal, sys\n"
+        "class InterruptOnImport:\n"
+        "    def find_spec(self, name, path=None, target=None):\n"
+        "        if name == 'sampling.settings':\n"
+        "            sys.meta_path.remove(self)\n"
+        "            signal.raise_signal(signal.SIGINT)\n"
+        "        return None\n"
+        "sys.meta_path.insert(0, InterruptOnImport())\n")
+    env = {**os.environ, "PYTHONPATH": str(tmp_path)}
+    done = subprocess.run([sys.executable, "infer.py", "--help"], cwd=REPO, env=env, capture_output=True, text=True,
+                          timeout=120)
+    assert (done.returncode, done.stderr, done.stdout) == (infer.INTERRUPTED_EXIT, "interrupted\n", "")
+
+
+def test_the_history_file_follows_the_cache_directory(monkeypatch, tmp_path):
+    """Bug: the REPL's history was always ~/.cache/specchat/history, whatever --cache-dir or XDG_CACHE_HOME said."""
+    args = infer.build_parser().parse_args(["--cache-dir", str(tmp_path / "cache")])
+    assert infer.history_file(args.cache_dir) == tmp_path / "cache" / "history"
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    assert infer.history_file(None) == tmp_path / "xdg" / "specchat" / "history"
+    monkeypatch.delenv("XDG_CACHE_HOME")
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    assert infer.history_file(None) == tmp_path / "home" / ".cache" / "specchat" / "history"
 
 
 def test_a_drafter_strategy_without_a_drafter_is_refused(capsys, checkpoints):
@@ -77,14 +176,15 @@ def test_default_strategies_drop_the_drafter_ones_without_a_drafter():
     assert infer.parse_strategies(None, has_drafter=True) == ("auto", "speculative", "autoregressive")
 
 
-def test_preset_and_overrides(monkeypatch):
+def test_preset_and_overrides():
     from utils.presets import resolve_preset
 
     args = infer.build_parser().parse_args(["--preset", "embedded", "--drafter", "none", "--device", "cpu"])
-    choice = infer.choose_models(args, resolve_preset)
-    assert (choice.target, choice.drafter, choice.device) == ("qwen2.5-coder-1.5b", None, "cpu")
+    choice = model_choice(args, resolve_preset)
+    assert (choice.target, choice.drafter, choice.device, choice.preset) == ("qwen2.5-coder-1.5b", None, "cpu",
+                                                                             "embedded")
     args = infer.build_parser().parse_args(["--target", "a", "--target-quantize", "int8"])
-    choice = infer.choose_models(args, resolve_preset)
+    choice = model_choice(args, resolve_preset)
     assert (choice.target, choice.drafter, choice.target_quantize, choice.drafter_quantize) == ("a", None, "int8",
                                                                                                "none")
 
@@ -115,15 +215,10 @@ def test_one_shot_json_prints_exactly_one_object(checkpoints):
         assert by_name[lossless]["token_ids"] == by_name["autoregressive"]["token_ids"]
 
 
-def test_quantize_choices_match_the_loader():
-    from utils.presets import QUANTIZE_CHOICES
-    assert infer.QUANTIZE == QUANTIZE_CHOICES
-
-
 def test_drafting_flags_reach_the_strategy_settings():
     args = infer.build_parser().parse_args(["--alternatives", "2", "--lookahead", "3", "4", "2", "--gamma", "5",
                                             "--draft-cumulative", "0.4", "--verify-width", "9"])
-    strategy = infer.make_settings(args, ("speculative",)).strategy
+    strategy = infer.check_flags(args).strategy
     assert (strategy.gamma, strategy.draft_alternatives, strategy.draft_cumulative) == (5, 2, 0.4)
     assert strategy.verify_width == 9
     assert (strategy.lookahead_window, strategy.lookahead_ngram, strategy.lookahead_candidates) == (3, 4, 2)

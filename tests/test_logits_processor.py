@@ -5,8 +5,9 @@ import math
 import pytest
 import torch
 
-from utils.logits_processor import (GreedyProcessor, MinPProcessor, MultinomialProcessor, NucleusProcessor,
-                                     TopKNucleusProcessor, TopKProcessor, make_processor)
+from utils.checks import SettingError
+from utils.logits_processor import (MIN_TEMPERATURE, GreedyProcessor, MinPProcessor, MultinomialProcessor,
+                                     NucleusProcessor, TopKNucleusProcessor, TopKProcessor, make_processor)
 
 LOGITS = torch.tensor([2.0, 1.0, 0.0, -1.0])  # softmax: 0.6439, 0.2369, 0.0871, 0.0321
 
@@ -95,3 +96,41 @@ def test_make_processor_maps_hf_flags():
     assert isinstance(make_processor(0.8, top_k=5), TopKProcessor)
     assert isinstance(make_processor(0.8, top_p=0.9), NucleusProcessor)
     assert isinstance(make_processor(0.8, top_k=5, top_p=0.9), TopKNucleusProcessor)
+
+
+SAMPLERS = [MultinomialProcessor, TopKProcessor, NucleusProcessor, TopKNucleusProcessor, MinPProcessor]
+
+
+@pytest.mark.parametrize("cls", SAMPLERS)
+@pytest.mark.parametrize("temperature", [1e-45, 1e-300, MIN_TEMPERATURE / 2])
+def test_a_temperature_below_the_floor_is_refused_and_points_to_greedy(cls, temperature):
+    """Bug: `/processor multinomial 1e-45` (or `minp 1e-300 1`) was accepted, and the next prompt failed with
+    "probability tensor contains inf/nan": logits / T overflowed."""
+    with pytest.raises(ValueError, match=r"temperature .*use 0 for greedy"):
+        cls(temperature)
+
+
+@pytest.mark.parametrize("temperature", [float("inf"), float("nan"), -0.5])
+def test_temperature_must_be_a_finite_positive_number(temperature):
+    with pytest.raises(ValueError, match="temperature"):
+        make_processor(temperature)
+
+
+@pytest.mark.parametrize("cls", SAMPLERS)
+def test_sampling_at_the_floor_gives_finite_probabilities(cls):
+    """The floor is safe: large bf16 logits at the lowest temperature allowed still give a distribution."""
+    logits = (torch.randn(3, 50, generator=torch.Generator().manual_seed(0)) * 300).bfloat16()
+    processor = cls(MIN_TEMPERATURE)
+    probs = processor.probs(logits)
+    assert torch.isfinite(probs).all() and torch.allclose(probs.sum(-1), torch.ones(3))
+    assert processor.sample(probs, torch.Generator().manual_seed(0)).tolist() == logits.float().argmax(-1).tolist()
+
+
+@pytest.mark.parametrize("kwargs, setting", [(dict(top_k=-1), "top_k"), (dict(top_p=2.0), "top_p"),
+                                             (dict(min_p=0.0), "min_p"), (dict(top_k=2.5), "top_k")])
+@pytest.mark.parametrize("temperature", [0.0, 0.7])
+def test_make_processor_checks_every_value_even_those_greedy_ignores(kwargs, setting, temperature):
+    """Bug: `--top-k -1` or `--top-p 2` with temperature 0 were accepted silently (greedy ignores them)."""
+    with pytest.raises(SettingError) as error:
+        make_processor(temperature, **kwargs)
+    assert error.value.setting == setting

@@ -101,7 +101,8 @@ def test_draft_tree_layout():
     # candidates [3, 1] and [4, 1]; window row 0 (10, 11) a chain from the root, row 1 (20, 21, 22) hangs from it
     assert draft.tokens == [3, 1, 4, 1, 10, 11, 20, 21, 22]
     assert draft.parents == [-1, 0, -1, 2, -1, 4, -1, 4, 5]
-    assert drafter.top_rows == [7, 8, 9]  # target rows of 20, 21, 22 (row 0 is the root)
+    assert drafter.top_nodes == [6, 7, 8]  # the nodes of 20, 21, 22
+    assert [draft.row(node) for node in drafter.top_nodes] == [7, 8, 9]  # their target rows (row 0 is the root)
 
 
 def test_attention_mask_and_positions_passed_to_the_model(target_model, monkeypatch):
@@ -168,7 +169,7 @@ def test_window_update_warm_up_then_steady():
     drafter.feedback([7, 8, 9, 5], 0, logits)
     assert drafter.rows[0][:2] == [5, row0[2]] and drafter.rows[1][:2] == [31, 32] and len(drafter.rows[1]) == 3
     draft = drafter.propose([7, 8, 9, 5], 2, GreedyProcessor(), None)
-    assert len(draft) == 2 + 3 and drafter.top_rows == [3, 4, 5]
+    assert len(draft) == 2 + 3 and drafter.top_nodes == [2, 3, 4]
     logits = torch.zeros(6, 50)
     logits[[3, 4, 5], [40, 41, 42]] = 1.0
     drafter.feedback([7, 8, 9, 5, 6], 0, logits)
@@ -273,3 +274,41 @@ def test_registry_builds_lookahead_with_its_settings(target_model):
 def test_bad_parameters_are_refused(bad):
     with pytest.raises(ValueError, match="lookahead"):
         LookaheadDrafter(**bad)
+
+
+# Near the end of the context.
+
+CONTEXT = 48
+
+
+@pytest.mark.parametrize("name", ["lookahead", "speculative", "auto", "lookup", "ngram"])
+def test_near_the_context_end_drafts_shrink_and_decoding_goes_on_until_the_context_is_full(name):
+    """Bug: near the context's end, lookahead with a large window failed the whole turn ("N tokens and a tree draft
+    exceed the model's context"), and any drafter failed where the budget went past the context. Now the
+    speculative loop cuts every draft to the room left, and stops, as at the budget, once the context is full."""
+    model = tiny_model(seed=0, max_positions=CONTEXT)
+    drafter = tiny_model(seed=1, layers=1, hidden=16, max_positions=CONTEXT)
+    prompt = (PROMPT * 4)[:40]
+    full = CONTEXT + 1 - len(prompt)  # the last committed token is never fed: it may take position CONTEXT
+    expected = Autoregressive(CachedModel(model)).generate(prompt, DecodeConfig(max_new_tokens=full)).token_ids
+    settings = StrategySettings(lookahead_window=8, lookahead_ngram=4, lookahead_candidates=3, gamma=6)
+    strategy = build_strategy(name, CachedModel(model), CachedModel(drafter), settings)
+    chat_budget = strategy.generate(prompt, DecodeConfig(max_new_tokens=CONTEXT - len(prompt)))  # the chat's plan
+    assert chat_budget.token_ids == expected[: CONTEXT - len(prompt)]
+    past_the_end = strategy.generate(prompt, DecodeConfig(max_new_tokens=100))
+    assert past_the_end.token_ids == expected and not past_the_end.finished
+
+
+def test_a_cut_tree_keeps_its_shallow_nodes_and_maps_them_to_their_rows():
+    # root ─ 10 ─ 11 ─ 12        nodes 0, 1, 2
+    #      └ 20 ─ 21             nodes 3, 4
+    #           └ 22 ─ 23        nodes 5, 6
+    draft = Draft([10, 11, 12, 20, 21, 22, 23], parents=[-1, 0, 1, -1, 3, 3, 5])
+    assert draft.within(3) is draft and draft.kept is None  # nothing deeper than 3: untouched
+    draft.within(2)
+    assert (draft.tokens, draft.parents, draft.kept) == ([10, 11, 20, 21, 22], [-1, 0, -1, 2, 2], [0, 1, 3, 4, 5])
+    assert [draft.row(node) for node in range(7)] == [1, 2, None, 3, 4, 5, None]
+    draft.within(0)
+    assert (draft.tokens, draft.parents) == ([], None)
+    chain = Draft([1, 2, 3], q=torch.full((3, 5), 0.2)).within(2)
+    assert chain.tokens == [1, 2] and chain.q.shape == (2, 5) and chain.parents is None

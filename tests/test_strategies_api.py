@@ -10,6 +10,7 @@ from sampling.drafters.prompt_lookup import PromptLookupDrafter
 from sampling.registry import STRATEGIES, StrategySettings, build_strategy
 from sampling.speculative import Speculative
 from utils.caching import CachedModel
+from utils.checks import SettingError
 from utils.logits_processor import GreedyProcessor
 
 PROMPT = [2, 7, 1, 8, 2, 8]
@@ -114,3 +115,36 @@ def test_prompt_lookup_fills_a_tree_with_the_other_copies():
     shared = PromptLookupDrafter(max_ngram=2, min_ngram=2, max_tree=9).propose([1, 2, 3, 5, 1, 2, 3, 4, 1, 2], 2,
                                                                               GreedyProcessor(), None)
     assert (shared.tokens, shared.parents) == ([3, 4, 5], [-1, 0, 0])
+
+
+BAD_SETTINGS = [("gamma", 0), ("gamma", 2.5), ("draft_confidence", 1.0), ("draft_adaptive", "yes"),
+                ("draft_cumulative", -0.1), ("draft_cumulative", float("nan")), ("draft_alternatives", 9),
+                ("verify_width", 1), ("copy_gamma", 0), ("auto_min_match", 0), ("ngram_n", 1),
+                ("ngram_kind", "trie"), ("ngram_filler_top_k", -1), ("ngram_reset_each_prompt", 1),
+                ("lookup_max_ngram", 0), ("lookup_min_ngram", 4), ("lookahead_window", 1), ("lookahead_ngram", 1),
+                ("lookahead_candidates", -1), ("num_beams", 0), ("num_beams", 65), ("beam_top_k", 0),
+                ("length_penalty", float("inf")), ("min_length", -1)]
+
+
+@pytest.mark.parametrize("setting, value", BAD_SETTINGS)
+def test_every_strategy_setting_is_checked_where_it_is_defined(setting, value):
+    """Bug: bounds lived in infer.py, bench.py and the slash-commands and drifted (`--lookahead 1 3 1` passed the
+    command line's check, then the drafter refused a window of 1 after loading). Now the dataclass refuses, with a
+    one-line message that names the setting."""
+    with pytest.raises(SettingError) as error:
+        StrategySettings(**{setting: value})
+    assert error.value.setting == setting and str(error.value).startswith(f"{setting} must be ")
+    assert "\n" not in str(error.value)
+
+
+def test_every_default_setting_passes_its_own_check():
+    for setting in StrategySettings.__dataclass_fields__:
+        StrategySettings(**{setting: getattr(StrategySettings(), setting)})
+
+
+@pytest.mark.parametrize("seed", [-1, 2**63, 2**64, 1.5])
+def test_a_seed_torch_cannot_take_is_refused_when_the_config_is_built(seed):
+    """Bug: `--seed 18446744073709551616` overflowed only when the first generation made its generator."""
+    with pytest.raises(SettingError, match="seed must be an integer from 0 to"):
+        DecodeConfig(seed=seed)
+    DecodeConfig(seed=2**63 - 1).make_generator()

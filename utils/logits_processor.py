@@ -3,12 +3,40 @@
 Every processor works on `(..., V)` tensors and never mutates its input. Order (as in HF): temperature, then the
 filters (top-k, top-p, min-p). `probs` gives the distribution a strategy samples from (and that speculative
 verification uses for both p and q), `sample` draws from it with an explicit `torch.Generator`.
+
+The module works through tensor methods and never imports torch itself: the command lines build a processor to check
+their sampling flags before loading anything, and --help stays instant.
 """
 
 from __future__ import annotations
 
-import torch
-from torch import Tensor
+import math
+from typing import TYPE_CHECKING
+
+from utils.checks import integer, number
+
+if TYPE_CHECKING:
+    import torch
+    from torch import Tensor
+
+# Lower temperatures sample the argmax anyway, and far lower ones make logits / T overflow (inf, then nan).
+MIN_TEMPERATURE = 1e-3
+
+
+def check_temperature(temperature: float) -> float:
+    return number("temperature", temperature, MIN_TEMPERATURE, hint=" (use 0 for greedy)")
+
+
+def check_top_k(top_k: int) -> int:
+    return integer("top_k", top_k, 1)
+
+
+def check_top_p(top_p: float) -> float:
+    return number("top_p", top_p, 0, 1, low_open=True)
+
+
+def check_min_p(min_p: float) -> float:
+    return number("min_p", min_p, 0, 1, low_open=True)
 
 
 class LogitsProcessor:
@@ -17,9 +45,7 @@ class LogitsProcessor:
     is_greedy = False
 
     def __init__(self, temperature: float = 1.0):
-        if not temperature > 0:
-            raise ValueError(f"temperature must be > 0 for a sampling processor, got {temperature}")
-        self.temperature = float(temperature)
+        self.temperature = check_temperature(temperature)
 
     def _filter(self, logits: Tensor) -> Tensor:
         """Mask excluded tokens with -inf; `logits` is already a fresh float tensor."""
@@ -27,16 +53,16 @@ class LogitsProcessor:
 
     def __call__(self, logits: Tensor) -> Tensor:
         """Processed logits, float32 or wider, -inf where a token is excluded. The input is not modified."""
-        logits = logits.float() if logits.dtype not in (torch.float32, torch.float64) else logits
+        logits = logits.float() if logits.element_size() < 4 else logits  # bf16, fp16: float32
         return self._filter(logits / self.temperature)
 
     def probs(self, logits: Tensor) -> Tensor:
-        return torch.softmax(self(logits), dim=-1)
+        return self(logits).softmax(-1)
 
     def sample(self, probs: Tensor, generator: torch.Generator | None = None) -> Tensor:
         """One token per row of `probs` (..., V) -> (...)."""
         flat = probs.reshape(-1, probs.shape[-1])
-        return torch.multinomial(flat, 1, generator=generator).reshape(probs.shape[:-1])
+        return flat.multinomial(1, generator=generator).reshape(probs.shape[:-1])
 
     def __repr__(self) -> str:
         args = ", ".join(f"{k}={v}" for k, v in vars(self).items())
@@ -53,7 +79,7 @@ class GreedyProcessor(LogitsProcessor):
 
     def probs(self, logits: Tensor) -> Tensor:
         logits = self(logits)
-        return torch.zeros_like(logits).scatter_(-1, logits.argmax(-1, keepdim=True), 1.0)
+        return logits.new_zeros(logits.shape).scatter_(-1, logits.argmax(-1, keepdim=True), 1.0)
 
     def sample(self, probs: Tensor, generator: torch.Generator | None = None) -> Tensor:
         return probs.argmax(-1)
@@ -66,9 +92,7 @@ class MultinomialProcessor(LogitsProcessor):
 class TopKProcessor(LogitsProcessor):
     def __init__(self, temperature: float = 1.0, top_k: int = 50):
         super().__init__(temperature)
-        if int(top_k) != top_k or top_k < 1:
-            raise ValueError(f"top_k must be an integer >= 1, got {top_k}")
-        self.top_k = int(top_k)
+        self.top_k = check_top_k(top_k)
 
     def _filter(self, logits: Tensor) -> Tensor:
         return _keep_top_k(logits, self.top_k)
@@ -79,8 +103,7 @@ class NucleusProcessor(LogitsProcessor):
 
     def __init__(self, temperature: float = 1.0, top_p: float = 0.9):
         super().__init__(temperature)
-        _check_top_p(top_p)
-        self.top_p = float(top_p)
+        self.top_p = check_top_p(top_p)
 
     def _filter(self, logits: Tensor) -> Tensor:
         return _keep_top_p(logits, self.top_p)
@@ -91,10 +114,7 @@ class TopKNucleusProcessor(LogitsProcessor):
 
     def __init__(self, temperature: float = 1.0, top_k: int = 50, top_p: float = 0.9):
         super().__init__(temperature)
-        if int(top_k) != top_k or top_k < 1:
-            raise ValueError(f"top_k must be an integer >= 1, got {top_k}")
-        _check_top_p(top_p)
-        self.top_k, self.top_p = int(top_k), float(top_p)
+        self.top_k, self.top_p = check_top_k(top_k), check_top_p(top_p)
 
     def _filter(self, logits: Tensor) -> Tensor:
         return _keep_top_p(_keep_top_k(logits, self.top_k), self.top_p)
@@ -105,35 +125,28 @@ class MinPProcessor(LogitsProcessor):
 
     def __init__(self, temperature: float = 1.0, min_p: float = 0.05):
         super().__init__(temperature)
-        if not 0 < min_p <= 1:
-            raise ValueError(f"min_p must be in (0, 1], got {min_p}")
-        self.min_p = float(min_p)
+        self.min_p = check_min_p(min_p)
 
     def _filter(self, logits: Tensor) -> Tensor:
-        threshold = logits.max(-1, keepdim=True).values + torch.log(torch.tensor(self.min_p, dtype=logits.dtype))
+        threshold = logits.max(-1, keepdim=True).values + math.log(self.min_p)
         return logits.masked_fill(logits < threshold, float("-inf"))
-
-
-def _check_top_p(top_p: float) -> None:
-    if not 0 < top_p <= 1:
-        raise ValueError(f"top_p must be in (0, 1], got {top_p}")
 
 
 def _keep_top_k(logits: Tensor, k: int) -> Tensor:
     if k >= logits.shape[-1]:
         return logits
-    kth = torch.topk(logits, k, dim=-1).values[..., -1:]
+    kth = logits.topk(k, dim=-1).values[..., -1:]
     return logits.masked_fill(logits < kth, float("-inf"))
 
 
 def _keep_top_p(logits: Tensor, top_p: float) -> Tensor:
     if top_p >= 1.0:
         return logits
-    sorted_logits, order = torch.sort(logits, dim=-1, descending=True)
+    sorted_logits, order = logits.sort(dim=-1, descending=True)
     sorted_probs = sorted_logits.softmax(-1)
     # Drop a token when the tokens before it already reach top_p; the most likely token always stays.
     drop_sorted = (sorted_probs.cumsum(-1) - sorted_probs) >= top_p
-    drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
+    drop = drop_sorted.new_zeros(drop_sorted.shape).scatter(-1, order, drop_sorted)
     return logits.masked_fill(drop, float("-inf"))
 
 
@@ -149,7 +162,11 @@ PROCESSORS: dict[str, type[LogitsProcessor]] = {
 
 def make_processor(temperature: float = 0.0, top_k: int | None = None, top_p: float | None = None,
                    min_p: float | None = None) -> LogitsProcessor:
-    """The processor that HF-style flags describe: temperature 0 means greedy."""
+    """The processor that HF-style flags describe: temperature 0 means greedy. Every value given is checked, also
+    those the chosen processor does not use (greedy ignores the filters; min-p replaces top-k and top-p)."""
+    for value, check in ((top_k, check_top_k), (top_p, check_top_p), (min_p, check_min_p)):
+        if value is not None:
+            check(value)
     if temperature == 0:
         return GreedyProcessor()
     if min_p is not None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -99,3 +100,32 @@ def resolve_preset(name: str, cuda_available: bool | None = None) -> Preset:
 
 def default_cache_dir() -> Path:
     return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "specchat"
+
+
+# Names checked without torch (a bad flag is refused at once, not after torch's import): the loader resolves them.
+
+DTYPE_NAMES = ("auto", "float32", "fp32", "bfloat16", "bf16", "float16", "fp16", "float64", "fp64")
+DEVICE_NAMES = "auto, cpu, cuda, cuda:N, mps"
+_DEVICE = re.compile(r"auto|(cpu|cuda|mps)(:\d+)?")
+
+
+def check_dtype_name(dtype: str) -> str:
+    """`dtype` normalised (stripped, lower case), if it is a dtype's name."""
+    name = dtype.strip().lower()
+    if name not in DTYPE_NAMES:
+        raise ModelLoadError(f"Unknown dtype {dtype!r}; use one of: {', '.join(DTYPE_NAMES)}.")
+    return name
+
+
+def check_device_name(device: str) -> str:
+    """`device` normalised, if it reads as a device (whether this machine has it is the loader's question)."""
+    name = device.strip().lower()
+    if not _DEVICE.fullmatch(name):
+        raise ModelLoadError(f"Unknown device {device!r}; use one of: {DEVICE_NAMES}.")
+    return name
+
+
+def check_preset_name(name: str) -> str:
+    if name != "auto" and name not in PRESETS:
+        raise ModelLoadError(f"Unknown preset {name!r}; valid presets: {', '.join(['auto', *PRESETS])}.")
+    return name

@@ -21,6 +21,7 @@ class Draft:
     tokens: list[int]
     q: Tensor | None = None  # (len(tokens), V) drafter probabilities; None: a deterministic draft (one-hot)
     parents: list[int] | None = None  # None: a chain, token i follows token i - 1
+    kept: list[int] | None = None  # after `within` cut it: the proposed nodes that are left, in order
 
     def __post_init__(self):
         if self.parents is not None and (self.q is not None or len(self.parents) != len(self.tokens)):
@@ -28,6 +29,31 @@ class Draft:
 
     def __len__(self) -> int:
         return len(self.tokens)
+
+    def within(self, depth: int) -> Draft:
+        """Cut this draft, in place, to its nodes at most `depth` deep (a chain: its first `depth` tokens): the
+        speculative loop does so where the context has no room for more, for every drafter. In place, so that the
+        drafter that proposed it finds the target's logits of its own nodes through `row`."""
+        depths: list[int] = []
+        for parent in self.parents or range(-1, len(self.tokens) - 1):
+            depths.append(depths[parent] + 1 if parent >= 0 else 1)
+        keep = [i for i, d in enumerate(depths) if d <= depth]
+        if len(keep) == len(self.tokens):
+            return self
+        new_index = {old: new for new, old in enumerate(keep)}  # a kept node's parent is shallower: kept too
+        if self.parents is not None:
+            self.parents = [new_index.get(self.parents[i], -1) for i in keep] if keep else None
+        self.tokens = [self.tokens[i] for i in keep]
+        self.q = self.q[: len(keep)] if self.q is not None else None
+        self.kept = keep if self.kept is None else [self.kept[i] for i in keep]
+        return self
+
+    def row(self, node: int) -> int | None:
+        """The row of the target's verify logits for proposed node `node` (row 0 is the last committed token's);
+        None where `within` cut the node."""
+        if self.kept is None:
+            return node + 1
+        return self.kept.index(node) + 1 if node in self.kept else None
 
     def path(self, last: int) -> list[int]:
         """Indices of the tokens from the root to token `last` (-1: none)."""

@@ -44,7 +44,8 @@ class LookaheadDrafter(NGramDrafter):
         self.window, self.ngram, self.num_candidates = int(window), int(ngram), int(candidates)
         self.rows: list[list[int]] = []
         self.candidates: list[list[int]] = []
-        self.top_rows: list[int] | None = None  # target rows of the window's top row in the last draft (None: no tree)
+        self.draft: Draft | None = None  # the last one proposed
+        self.top_nodes: list[int] | None = None  # its nodes of the window's top row (None: no window drafted)
         self.fill_from, self.random = [0], random.Random(0)
 
     def start(self, prompt_ids: list[int]) -> None:
@@ -54,7 +55,7 @@ class LookaheadDrafter(NGramDrafter):
 
     def propose(self, ids: list[int], k: int, processor: LogitsProcessor, generator: torch.Generator | None) -> Draft:
         if k == 0:  # the budget takes only the target's own token
-            self.top_rows, self.candidates = None, []
+            self.top_nodes, self.candidates = None, []
             return Draft([])
         self.candidates = self.store.continuations(ids, min(k, self.ngram - 1), self.num_candidates)
         tokens, parents = trie(self.candidates)
@@ -65,17 +66,21 @@ class LookaheadDrafter(NGramDrafter):
                 node[l, j] = len(tokens)
                 parents.append(node[l, j - 1] if l == 0 else node[l - 1, j])
                 tokens.append(row[j])
-        self.top_rows = [node[len(self.rows) - 1, j] + 1 for j in range(self.window)]
-        return Draft(tokens, parents=parents)
+        self.top_nodes = [node[len(self.rows) - 1, j] for j in range(self.window)]
+        self.draft = Draft(tokens, parents=parents)
+        return self.draft
 
     def feedback(self, ids: list[int], accepted: int, target_logits: Tensor) -> None:
         drafted = ids[self.seen:self.seen + accepted]
         if drafted and any(c[:len(drafted)] == drafted for c in self.candidates):
             self.pool_hits += len(drafted)
         super().feedback(ids, accepted, target_logits)  # the committed tokens go into the pool
-        if self.top_rows is None:
+        if self.top_nodes is None:
             return
-        new = target_logits[self.top_rows].argmax(-1).tolist()  # (W,) one Jacobi step
+        rows = [self.draft.row(node) for node in self.top_nodes]
+        best = iter(target_logits[[row for row in rows if row is not None]].argmax(-1).tolist())
+        # (W,) one Jacobi step; a column the loop cut (no room left in the context) gets a filler instead
+        new = [next(best) if row is not None else self._filler() for row in rows]
         rows = self.rows + [new]
         if len(rows) > self.ngram - 1:  # a full window: each column with its new token is an N-gram
             for j in range(self.window):

@@ -13,9 +13,9 @@ import torch
 from torch import Tensor
 
 from sampling.drafters.base import Draft, Drafter
+from sampling.settings import STORE_KINDS
 from utils.logits_processor import LogitsProcessor
 
-STORE_KINDS = ("basic", "one-level")
 FILLER_WEIGHT = 0.25  # a target prediction counts less than a token that was actually committed
 
 
