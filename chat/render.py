@@ -1,4 +1,5 @@
-"""Terminal rendering: incremental detokenisation, streamed answers (coloured by origin in debug mode), stats tables.
+"""Terminal rendering: incremental detokenisation, streamed answers (coloured by origin in debug mode), stats tables,
+the banner and the one-line notices.
 
 `comparison_table(rows)` and `stats_line(stats)` are plain functions on `Stats`, for any caller that has runs to show.
 """
@@ -8,12 +9,14 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from rich.console import Console
+from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
-from chat.session import Plan, Run
+from chat.session import ChatSession, ModelInfo, Plan, Run
 from chat.turn import Turn, View
 from sampling.base import Round, Stats
+from utils.logits_processor import PROCESSORS, LogitsProcessor
 
 DASH = "—"
 BASELINE = "autoregressive"
@@ -160,6 +163,80 @@ def detail_table(rows: list[ComparisonRow]) -> Table:
         table.add_row(row.strategy, str(s.rounds), str(s.target_forwards), str(s.drafter_forwards), str(s.drafted),
                       _rate(s.decode_tokens_per_second), f"{s.total_time:.2f} s", by_position)
     return table
+
+
+def session_totals(turns: list[Turn]) -> dict[str, tuple[int, int, float]]:
+    """Per strategy: turns, tokens and seconds over `turns`."""
+    totals: dict[str, tuple[int, int, float]] = {}
+    for turn in turns:
+        for run in turn.runs:
+            count, tokens, seconds = totals.get(run.strategy, (0, 0, 0.0))
+            stats = run.stats
+            totals[run.strategy] = (count + 1, tokens + stats.new_tokens, seconds + stats.total_time)
+    return totals
+
+
+def totals_table(turns: list[Turn]) -> Table:
+    """/stats: each strategy's turns, tokens, seconds and tokens/s over the session."""
+    table = Table(title="session", title_justify="left", header_style="bold", pad_edge=False)
+    for name, justify in (("strategy", "left"), ("turns", "right"), ("tokens", "right"), ("seconds", "right"),
+                          ("tok/s", "right")):
+        table.add_column(name, justify=justify)
+    for name, (count, tokens, seconds) in session_totals(turns).items():
+        table.add_row(name, str(count), str(tokens), f"{seconds:.2f}", f"{tokens / seconds:.1f}" if seconds else DASH)
+    return table
+
+
+# ---------------------------------------------------------------------------------------------
+# Settings and notices
+
+
+def processor_name(processor: LogitsProcessor) -> str:
+    return next((name for name, cls in PROCESSORS.items() if type(processor) is cls), type(processor).__name__)
+
+
+def describe_processor(processor: LogitsProcessor) -> str:
+    if processor.is_greedy:
+        return processor_name(processor)
+    return " ".join([processor_name(processor)] + [f"{k}={v}" for k, v in vars(processor).items()])
+
+
+def running(strategies: tuple[str, ...], compare: bool) -> str:
+    if not compare:
+        return f"{strategies[0]} only (compare off)"
+    return f"{', '.join(strategies)} (history from {strategies[0]})"
+
+
+def banner(info: ModelInfo, session: ChatSession, compare: bool) -> Panel:
+    settings = session.settings
+    grid = Table.grid(padding=(0, 2))
+    grid.add_column(style="bold")
+    grid.add_column()
+    grid.add_row("target", info.target)
+    grid.add_row("drafter", (info.drafter or "none") + (f" · step {session.compile_status}"
+                                                        if session.compile_status else ""))
+    grid.add_row("dtype · device", f"{info.dtype} · {info.device}")
+    grid.add_row("strategies", running(settings.strategies, compare))
+    grid.add_row("sampling", f"{describe_processor(settings.processor)} · up to {settings.max_new_tokens} "
+                             f"new tokens · gamma {settings.strategy.gamma}")
+    grid.add_row("chat", "template" + (f" · system: {settings.system}" if settings.system else "")
+                 if session.uses_template else "raw completion (no template)")
+    return Panel(grid, title="[bold]specchat[/] · speculative decoding", title_align="left",
+                 subtitle="/help for commands · Ctrl-C stops a generation · Ctrl-D quits", subtitle_align="left",
+                 border_style="cyan", expand=False)
+
+
+def interrupt_notice(turn: Turn) -> str:
+    first = turn.runs[0]
+    if turn.answer is None:
+        return "interrupted before the first token: the turn was dropped from the history"
+    state = "partial answer" if first.interrupted else "answer"
+    return f"interrupted: kept the {state} of {first.strategy} ({len(first.token_ids)} tokens) in the history"
+
+
+def warn(console: Console, text: str) -> None:
+    """One line, however narrow the terminal (the terminal wraps it, not rich)."""
+    console.print(text, style="yellow", markup=False, soft_wrap=True)
 
 
 # ---------------------------------------------------------------------------------------------

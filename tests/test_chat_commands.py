@@ -2,17 +2,21 @@
 
 from __future__ import annotations
 
+import ast
 import io
 import json
 import random
 import threading
+from dataclasses import dataclass, field
+from pathlib import Path
 
 import pytest
 from rich.console import Console
 
 from chat.app import ChatApp
-from chat.commands import Outcome, build_commands, dispatch, parse_processor
+from chat.commands import Command, Outcome, build_commands, dispatch, parse_processor
 from chat.session import ChatSession, ChatSettings, ModelInfo
+from chat.turn import Turn
 from sampling.registry import STRATEGIES
 from tests.tiny_checkpoint import load_tiny_pair
 from utils.logits_processor import GreedyProcessor, NucleusProcessor, TopKNucleusProcessor, TopKProcessor
@@ -245,3 +249,50 @@ def test_a_prompt_waits_for_the_drafters_compile_and_ctrl_c_gives_it_up(app, mon
     assert order == ["released", "compiled"] and session.compile_status.startswith("compiled in ")
     assert turn is not None and len(session.history) == 2
     assert "do not compare" not in app.console.file.getvalue()  # the turn did not run beside the compile
+
+
+def chat_imports() -> dict[str, set[str]]:
+    """Each chat module's imports of other chat modules, wherever they stand (type-checking blocks included)."""
+    graph = {}
+    for path in sorted((Path(__file__).resolve().parent.parent / "chat").glob("*.py")):
+        found = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("chat."):
+                found.add(node.module.removeprefix("chat."))
+            elif isinstance(node, ast.Import):
+                found |= {a.name.removeprefix("chat.") for a in node.names if a.name.startswith("chat.")}
+        graph[path.stem] = found
+    return graph
+
+
+def test_no_two_chat_modules_import_each_other():
+    """Regression: chat/commands.py imported chat/app.py (for its type) while app.py imported commands.py."""
+    graph = chat_imports()
+    assert "app" in graph and "commands" in graph["app"]
+
+    def reaches(start: str, goal: str, seen: set[str]) -> bool:
+        return any(n == goal or (n not in seen and reaches(n, goal, seen | {n})) for n in graph.get(start, ()))
+
+    circles = sorted(name for name in graph if reaches(name, name, set()))
+    assert circles == []
+
+
+@dataclass
+class BareContext:
+    """Just what a command may use: no REPL behind it."""
+
+    session: ChatSession
+    console: Console
+    info: ModelInfo
+    turns: list[Turn] = field(default_factory=list)
+    commands: dict[str, Command] = field(default_factory=build_commands)
+    compare: bool = True
+    debug: bool = False
+
+
+def test_commands_run_on_a_narrow_context_without_the_repl(app, tmp_path):
+    ctx = BareContext(app.session, app.console, app.info, turns=[app.ask("Hello!")])
+    for line in ("/help", "/compare off", "/debug on", "/stats", "/history", f"/save {tmp_path / 'chat.md'}"):
+        run(ctx, line)
+    assert not ctx.compare and ctx.debug
+    assert "## User\n\nHello!" in (tmp_path / "chat.md").read_text()
