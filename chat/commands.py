@@ -203,7 +203,7 @@ def _running(ctx: Context) -> str:
 
 def _strategies(ctx: Context, arg: str) -> None:
     if arg:
-        names = tuple(n.strip().lower() for n in arg.replace(" ", ",").split(",") if n.strip())
+        names = tuple(n.lower() for n in arg.replace(",", " ").split())
         bad = [n for n in names if n not in STRATEGIES]
         if bad:
             raise UsageError(f"unknown strategy {bad[0]!r}; choose from {', '.join(STRATEGIES)}")
@@ -493,10 +493,12 @@ def find(commands: dict[str, Command], name: str) -> Command:
 
 def dispatch(ctx: Context, line: str) -> Outcome:
     """Run one slash-command line. Bad input gets one line (and the usage); nothing but /quit ends the session."""
-    name, _, arg = line.strip().removeprefix("/").partition(" ")
-    if not name:
+    rest = line.strip().removeprefix("/")
+    words = rest.split(maxsplit=1) if rest[:1].strip() else []  # str.split: any whitespace, tabs and NBSP too
+    if not words:
         warn(ctx.console, "type a command after the slash; /help lists them")
         return Outcome.CONTINUE
+    name, arg = words[0], words[1] if len(words) > 1 else ""
     try:
         command = find(ctx.commands, name)
     except UsageError as error:

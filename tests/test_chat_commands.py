@@ -162,6 +162,15 @@ def test_unknown_commands_suggest_the_closest(app):
     assert "/help lists the commands" in run(app, "/zzzzzz")
 
 
+@pytest.mark.parametrize("space", ["\t", "\u00a0", " \t ", "\u2003"])
+def test_a_command_and_its_arguments_split_on_any_whitespace(app, space):
+    """Regression: only a plain space split them: "/gamma<TAB>5" answered "unknown command /gamma\t5"."""
+    assert "gamma (most tokens drafted per round) = 5" in run(app, f"/gamma{space}5")
+    assert "prompt lookup n-grams from 4 down to 2" in run(app, f"/lookup-ngram{space}4{space}2")
+    assert "lookup, autoregressive (history from lookup)" in run(app, f"/strategies{space}lookup{space}autoregressive")
+    assert app.session.settings.strategy.gamma == 5
+
+
 def test_quit_and_exit(app):
     assert dispatch(app, "/quit") is Outcome.QUIT
     assert dispatch(app, "/exit") is Outcome.QUIT
