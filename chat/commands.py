@@ -23,13 +23,14 @@ from rich.table import Table
 from chat.render import (comparison_table, describe_processor, detail_table, running, totals_table, turn_rows,
                          warn)
 from chat.session import ChatSession, ModelInfo
-from chat.transcript import transcript, transcript_markdown
+from chat.transcript import transcript, transcript_markdown, write_file
 from chat.turn import Turn
 from sampling.drafters.ngram import STORE_KINDS
 from sampling.registry import NEEDS_DRAFTER, STRATEGIES
 from utils.logits_processor import PROCESSORS, LogitsProcessor
 
 MAX_BEAMS = 64
+FORCE = "--force"  # /save FILE --force: replace an existing file
 
 
 class UsageError(ValueError):
@@ -98,6 +99,10 @@ def one_word(text: str) -> str:
 
 def on_off(flag: bool) -> str:
     return "on" if flag else "off"
+
+
+def plural(count: int, noun: str) -> str:
+    return f"{count} {noun}" + ("" if count == 1 else "s")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -387,17 +392,32 @@ def _clear(ctx: Context, arg: str) -> None:
 
 
 def _save(ctx: Context, arg: str) -> None:
-    if not arg:
-        raise UsageError("expected a file name (.json for JSON, anything else for markdown)")
-    path = Path(arg).expanduser()
+    name, force = _save_arguments(arg)
+    path = Path(name).expanduser()
+    if path.is_dir():
+        raise UsageError(f"{name} is a directory; give a file name")
     record = transcript(ctx.session, ctx.info, ctx.turns)
     text = json.dumps(record, indent=2, ensure_ascii=False) + "\n" if path.suffix == ".json" else \
         transcript_markdown(record)
     try:
-        path.write_text(text, encoding="utf-8")
+        write_file(path, text, replace=force)
+    except FileExistsError:
+        raise UsageError(f"{name} exists; /save {name} --force replaces it") from None
     except OSError as error:
-        raise UsageError(f"cannot write {arg}: {error.strerror or error}") from None
-    ctx.console.print(f"saved {len(record['turns'])} turns to {escape(str(path))}")
+        raise UsageError(f"cannot write {name}: {error.strerror or error}") from None
+    ctx.console.print(f"saved {plural(len(record['turns']), 'turn')} to {escape(str(path))}")
+
+
+def _save_arguments(arg: str) -> tuple[str, bool]:
+    """FILE [--force] (or --force FILE); the name keeps its inner spaces."""
+    words = arg.split()
+    force = bool(words) and FORCE in (words[0], words[-1])
+    if force:
+        arg = arg.strip().removesuffix(FORCE) if words[-1] == FORCE else arg.strip().removeprefix(FORCE)
+    name = arg.strip()
+    if not name:
+        raise UsageError("expected a file name (.json for JSON, anything else for markdown)")
+    return name, force
 
 
 # ---------------------------------------------------------------------------------------------
@@ -436,7 +456,7 @@ def build_commands(strategies: tuple[str, ...] = STRATEGIES) -> dict[str, Comman
                 lambda ctx: s(ctx).system or "none"),
         Command("reset", _reset, "/reset", "clear the conversation history (and the n-gram store)"),
         Command("history", _history, "/history", "show the conversation the model sees",
-                lambda ctx: f"{len(ctx.session.history) // 2} turns"),
+                lambda ctx: plural(len(ctx.session.history) // 2, "turn")),
         Command("debug", _debug, "/debug [on|off]",
                 "colour tokens: accepted drafts, rejected drafts (struck), the target's own",
                 lambda ctx: on_off(ctx.debug)),
@@ -467,7 +487,8 @@ def build_commands(strategies: tuple[str, ...] = STRATEGIES) -> dict[str, Comman
                 lambda ctx: str(s(ctx).strategy.num_beams)),
         Command("stats", _stats, "/stats", "the last turn in detail, and session totals"),
         Command("clear", _clear, "/clear", "clear the screen"),
-        Command("save", _save, "/save FILE", "save the transcript (FILE.json: JSON, otherwise markdown)"),
+        Command("save", _save, f"/save FILE [{FORCE}]",
+                f"save the transcript (FILE.json: JSON, otherwise markdown); {FORCE} replaces an existing file"),
     ]
     table: dict[str, Command] = {}
     for command in head + rest + toggles:  # a strategy named like a command keeps the command (/strategies too)

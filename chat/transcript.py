@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
+import os
+import secrets
+from pathlib import Path
+
 from chat.render import describe_processor
 from chat.session import ChatSession, ModelInfo
 from chat.turn import Turn
@@ -34,3 +39,27 @@ def transcript_markdown(transcript: dict) -> str:
                      + (", interrupted" if result["interrupted"] else ""))
             lines += [f"### {result['strategy']}{kept}", "", result["text"], "", f"*{stats}*", ""]
     return "\n".join(lines)
+
+
+def write_file(path: Path, text: str, replace: bool = False) -> None:
+    """Write `text` to `path` whole or not at all (through a temporary file beside it, moved into place).
+
+    Without `replace` an existing name, a symlink (even a dangling one) included, raises FileExistsError and is left
+    as it was; with it the name itself is replaced: a symlink by the file, never the file it points to.
+    """
+    if not replace:  # claim the name first: O_EXCL fails on anything already there and never follows a symlink
+        os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666))
+    temporary = path.with_name(f".{path.name}.{secrets.token_hex(4)}.tmp")
+    try:
+        with open(temporary, "x", encoding="utf-8") as file:
+            file.write(text)
+            file.flush()
+            os.fsync(file.fileno())
+        os.replace(temporary, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(temporary)
+        if not replace:
+            with contextlib.suppress(OSError):
+                os.unlink(path)  # the empty file that held the name
+        raise

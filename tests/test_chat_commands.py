@@ -198,13 +198,44 @@ def test_history_stats_and_save(app, tmp_path):
     assert "system Be brief." in history and "user Hello!" in history and "assistant" in history
     stats = run(app, "/stats")
     assert "acceptance by draft position" in stats and "session" in stats
-    assert "saved 1 turns" in run(app, f"/save {tmp_path / 'chat.json'}")
+    assert "saved 1 turn to" in run(app, f"/save {tmp_path / 'chat.json'}")
     saved = json.loads((tmp_path / "chat.json").read_text())
     assert saved["turns"][0]["user"] == "Hello!" and saved["turns"][0]["history_from"] == "speculative"
     assert saved["turns"][0]["results"][0]["text"] == turn.answer and saved["system"] == "Be brief."
     run(app, f"/save {tmp_path / 'chat.md'}")
     markdown = (tmp_path / "chat.md").read_text()
     assert "## User\n\nHello!" in markdown and "### speculative (kept in history)" in markdown
+
+
+def test_save_refuses_an_existing_file_or_a_symlink_unless_forced(app, tmp_path):
+    """Regression: /save overwrote an existing file without a word, and wrote through a symlink to its target."""
+    app.ask("Hello!")
+    mine, precious = tmp_path / "notes.md", tmp_path / "precious.txt"
+    mine.write_text("my notes")
+    precious.write_text("keep me")
+    link, dangling = tmp_path / "link.md", tmp_path / "dangling.md"
+    link.symlink_to(precious)
+    dangling.symlink_to(tmp_path / "nowhere.md")
+    for path in (mine, link, dangling):
+        text = run(app, f"/save {path}")
+        assert f"{path} exists; /save {path} --force replaces it" in text and len(text.strip().splitlines()) == 1
+    assert mine.read_text() == "my notes" and precious.read_text() == "keep me"
+    assert not (tmp_path / "nowhere.md").exists()
+
+    assert "saved 1 turn to" in run(app, f"/save {mine} --force")
+    assert mine.read_text().startswith("# Chat with target")
+    run(app, f"/save {link} --force")  # replaces the link itself, never the file it points to
+    assert not link.is_symlink() and link.read_text().startswith("# Chat with target")
+    assert precious.read_text() == "keep me"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["dangling.md", "link.md", "notes.md", "precious.txt"]
+
+
+def test_save_counts_turns_in_words(app, tmp_path):
+    assert "saved 0 turns to" in run(app, f"/save {tmp_path / 'a.md'}")
+    app.ask("Hello!")
+    assert "saved 1 turn to" in run(app, f"/save {tmp_path / 'b.md'}")
+    app.ask("Again?")
+    assert "saved 2 turns to" in run(app, f"/save {tmp_path / 'c.md'}")
 
 
 def test_parse_processor_defaults_and_keys():
