@@ -17,10 +17,10 @@ from pathlib import Path
 from typing import Callable, Protocol
 
 from rich.console import Console
-from rich.markup import escape
 from rich.table import Table
+from rich.text import Text
 
-from chat.render import (comparison_table, describe_processor, detail_table, running, totals_table, turn_rows,
+from chat.render import (comparison_table, describe_processor, detail_table, running, say, totals_table, turn_rows,
                          warn)
 from chat.session import ChatSession, ModelInfo
 from chat.transcript import transcript, transcript_markdown, write_file
@@ -166,14 +166,14 @@ def _number(text: str, param: inspect.Parameter) -> float | int:
 def _help(ctx: Context, arg: str) -> None:
     if arg:
         command = find(ctx.commands, arg.lstrip("/"))
-        ctx.console.print(f"{escape(command.usage)}  —  {command.help}")
+        say(ctx.console, f"{command.usage}  —  {command.help}")
         return
     table = Table(header_style="bold", pad_edge=False, box=None)
     table.add_column("command", style="cyan", no_wrap=True)
     table.add_column("what it does")
     table.add_column("now", style="green")
     for command in dict.fromkeys(ctx.commands.values()):  # each command once, aliases included
-        table.add_row(escape(command.usage), command.help, escape(command.value(ctx)) if command.value else "")
+        table.add_row(Text(command.usage), Text(command.help), Text(command.value(ctx) if command.value else ""))
     ctx.console.print(table)
     ctx.console.print("Type a message to chat; start it with // to send a line that begins with /. End a line with "
                       "\\ to continue on the next. Ctrl-C stops a generation (the first strategy's partial answer is "
@@ -263,7 +263,7 @@ def _system(ctx: Context, arg: str) -> None:
     elif arg:
         ctx.session.update(system=arg)
     system = ctx.session.settings.system
-    ctx.console.print(f"system prompt: {escape(system)}" if system else "no system prompt")
+    say(ctx.console, f"system prompt: {system}" if system else "no system prompt")
 
 
 def _reset(ctx: Context, arg: str) -> None:
@@ -278,12 +278,12 @@ def _history(ctx: Context, arg: str) -> None:
         raise UsageError("takes no argument")
     session = ctx.session
     if session.settings.system:
-        ctx.console.print(f"[bold magenta]system[/] {escape(session.settings.system)}")
+        ctx.console.print(Text.assemble(("system", "bold magenta"), " ", session.settings.system))
     if not session.history:
         ctx.console.print("(no turns yet)" if session.uses_template else "(raw completion: no chat history)")
     for message in session.history:
         style = "bold cyan" if message.role == "user" else "bold green"
-        ctx.console.print(f"[{style}]{message.role}[/] {escape(message.content)}")
+        ctx.console.print(Text.assemble((message.role, style), " ", message.content))
 
 
 def _debug(ctx: Context, arg: str) -> None:
@@ -375,7 +375,7 @@ def _stats(ctx: Context, arg: str) -> None:
     if arg:
         raise UsageError("takes no argument")
     if ctx.session.compile_status:
-        ctx.console.print(f"drafter step: {ctx.session.compile_status}", markup=False)
+        say(ctx.console, f"drafter step: {ctx.session.compile_status}")
     if not ctx.turns:
         ctx.console.print("no turns yet")
         return
@@ -405,7 +405,7 @@ def _save(ctx: Context, arg: str) -> None:
         raise UsageError(f"{name} exists; /save {name} --force replaces it") from None
     except OSError as error:
         raise UsageError(f"cannot write {name}: {error.strerror or error}") from None
-    ctx.console.print(f"saved {plural(len(record['turns']), 'turn')} to {escape(str(path))}")
+    say(ctx.console, f"saved {plural(len(record['turns']), 'turn')} to {path}")
 
 
 def _save_arguments(arg: str) -> tuple[str, bool]:

@@ -212,15 +212,18 @@ def banner(info: ModelInfo, session: ChatSession, compare: bool) -> Panel:
     grid = Table.grid(padding=(0, 2))
     grid.add_column(style="bold")
     grid.add_column()
-    grid.add_row("target", info.target)
-    grid.add_row("drafter", (info.drafter or "none") + (f" · step {session.compile_status}"
-                                                        if session.compile_status else ""))
-    grid.add_row("dtype · device", f"{info.dtype} · {info.device}")
-    grid.add_row("strategies", running(settings.strategies, compare))
-    grid.add_row("sampling", f"{describe_processor(settings.processor)} · up to {settings.max_new_tokens} "
-                             f"new tokens · gamma {settings.strategy.gamma}")
-    grid.add_row("chat", "template" + (f" · system: {settings.system}" if settings.system else "")
-                 if session.uses_template else "raw completion (no template)")
+    rows = {
+        "target": info.target,
+        "drafter": (info.drafter or "none") + (f" · step {session.compile_status}" if session.compile_status else ""),
+        "dtype · device": f"{info.dtype} · {info.device}",
+        "strategies": running(settings.strategies, compare),
+        "sampling": f"{describe_processor(settings.processor)} · up to {settings.max_new_tokens} new tokens · "
+                    f"gamma {settings.strategy.gamma}",
+        "chat": "template" + (f" · system: {settings.system}" if settings.system else "")
+                if session.uses_template else "raw completion (no template)",
+    }
+    for name, value in rows.items():
+        grid.add_row(name, Text(value))  # Text: names and the system prompt are shown as typed, never as markup
     return Panel(grid, title="[bold]specchat[/] · speculative decoding", title_align="left",
                  subtitle="/help for commands · Ctrl-C stops a generation · Ctrl-D quits", subtitle_align="left",
                  border_style="cyan", expand=False)
@@ -236,7 +239,13 @@ def interrupt_notice(turn: Turn) -> str:
 
 def warn(console: Console, text: str) -> None:
     """One line, however narrow the terminal (the terminal wraps it, not rich)."""
-    console.print(text, style="yellow", markup=False, soft_wrap=True)
+    say(console, text, style="yellow", soft_wrap=True)
+
+
+def say(console: Console, text: str, style: str = "", **options) -> None:
+    """Print `text` as it is: text that can carry user or model words never goes through rich's markup or emoji
+    codes ("[/]" would raise, "[answer]" vanish, ":warning:" turn into an emoji)."""
+    console.print(Text(text, style=style), **options)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -285,11 +294,11 @@ class ConsoleView(View):
         self.printer: StreamPrinter | None = None
 
     def notice(self, text: str) -> None:
-        self.console.print(f"⚠ {text}", style="yellow", markup=False, soft_wrap=True)
+        say(self.console, f"⚠ {text}", style="yellow", soft_wrap=True)
 
     def begin(self, plan: Plan) -> None:
-        self.console.print(f"prompt: {len(plan.ids)} tokens, {plan.reused} of them already in the KV cache",
-                           style="dim", markup=False)
+        say(self.console, f"prompt: {len(plan.ids)} tokens, {plan.reused} of them already in the KV cache",
+            style="dim")
         if self.debug:
             self.console.print(debug_legend())
 
@@ -304,4 +313,4 @@ class ConsoleView(View):
         if self.printer is not None:
             self.printer.finish()
         note = " · interrupted" if run.interrupted else ""
-        self.console.print(stats_line(run.stats) + note, style="dim", markup=False)
+        say(self.console, stats_line(run.stats) + note, style="dim")

@@ -238,6 +238,26 @@ def test_save_counts_turns_in_words(app, tmp_path):
     assert "saved 2 turns to" in run(app, f"/save {tmp_path / 'c.md'}")
 
 
+MARKUP = ["[/]", "Wrap in [answer]…[/answer]", "[bold red]loud[/bold red]", "/:warning: :smile:"]
+
+
+@pytest.mark.parametrize("text", MARKUP)
+def test_user_text_is_printed_as_typed_never_as_markup_or_emoji(app, tmp_path, text):
+    """Regression: user text went through rich's emoji codes (":warning:" became an emoji) in the system prompt, the
+    history, warnings and the /save path, and escaping markup by hand was one forgotten call from a MarkupError."""
+    assert f"system prompt: {text}" in run(app, f"/system {text}")
+    system_line = next(line for line in run(app, "/help").splitlines() if line.startswith("/system"))
+    assert system_line.rstrip().endswith(text)
+    app.ask(text)
+    history = run(app, "/history")
+    assert f"system {text}" in history and f"user {text}" in history
+    word = text.split()[-1].lower()
+    assert f"unknown strategy '{word}'" in run(app, f"/strategies {word}")
+    assert f"unknown command /{word.lstrip('/')}" in run(app, f"/{word.lstrip('/')}")
+    path = tmp_path / text.replace("/", "_")
+    assert f"to {path}" in run(app, f"/save {path}")
+
+
 def test_parse_processor_defaults_and_keys():
     p = parse_processor("topknucleus")
     assert isinstance(p, TopKNucleusProcessor) and (p.temperature, p.top_k, p.top_p) == (1.0, 50, 0.9)
