@@ -99,6 +99,8 @@ class Run:
 
 
 class ChatSession:
+    keep_after_drop = 0.5  # the share of the prompt room a conversation that outgrew the context is cut down to
+
     def __init__(self, tokenizer, target_model, drafter_model=None, end_ids: tuple[int, ...] = (),
                  settings: ChatSettings = ChatSettings(), drafter_prefill_model=None):
         self.tokenizer = tokenizer
@@ -214,9 +216,11 @@ class ChatSession:
         return self.tokenizer(text, add_special_tokens=False)["input_ids"]
 
     def plan(self, user_text: str) -> Plan:
-        """The prompt for `user_text`: the conversation so far through the template (or the bare text without it),
-        dropping the oldest turns until it fits the context. Raises ValueError if even the new message alone is
-        too long."""
+        """The prompt for `user_text`: the conversation so far through the template (or the bare text without it).
+        A conversation that outgrew the context loses its oldest turns in one chunk, down to about half the room
+        (`keep_after_drop`), so the start of the prompt, and with it the cache, then stays the same for the turns
+        that follow; dropping one turn at a time would change it, and re-prefill nearly all of it, every turn.
+        The system prompt always stays. Raises ValueError if even the new message alone is too long."""
         limit = self.context_limit
         if limit < 1:
             raise ValueError(f"max new tokens ({self.settings.max_new_tokens}) leaves no room for a prompt in the "
@@ -224,12 +228,18 @@ class ChatSession:
         if not self.uses_template:
             ids = self.tokenizer(user_text)["input_ids"]
             return self._fit(ids, limit, 0)
-        turns = len(self.history) // 2
-        for dropped in range(turns + 1):
-            ids = self.render(self.history[2 * dropped:] + [Message("user", user_text)])
-            if len(ids) <= limit:
+        message = Message("user", user_text)
+        ids = self.render(self.history + [message])
+        if len(ids) <= limit:
+            return self._fit(ids, limit, 0)
+        fitting = None  # the fewest dropped turns that fit, where none brings the prompt down to the target
+        for dropped in range(1, len(self.history) // 2 + 1):
+            ids = self.render(self.history[2 * dropped:] + [message])
+            if len(ids) <= limit * self.keep_after_drop:
                 return self._fit(ids, limit, dropped)
-        return self._fit(ids, limit, turns)
+            if fitting is None and len(ids) <= limit:
+                fitting = self._fit(ids, limit, dropped)
+        return fitting or self._fit(ids, limit, len(self.history) // 2)
 
     def _fit(self, ids: list[int], limit: int, dropped: int) -> Plan:
         if not ids:

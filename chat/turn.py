@@ -82,8 +82,10 @@ def run_turn(session: ChatSession, text: str, view: View, strategies: tuple[str,
     Raises ValueError (the prompt does not fit) before anything changes."""
     plan = session.plan(text)
     if plan.dropped_turns:
+        kept = " (the system prompt stays)" if session.settings.system else ""
         view.notice(f"the conversation outgrew the context ({session.context_limit} prompt tokens): dropped the "
-                    f"{plan.dropped_turns} oldest turn{'s' * (plan.dropped_turns > 1)}")
+                    f"{plan.dropped_turns} oldest turn{'s' * (plan.dropped_turns > 1)} at once{kept}, down to "
+                    f"{len(plan.ids)} tokens, so the rest stays cached for the turns ahead")
     if session.compiling:
         view.notice("the drafter's step is still compiling in the background: this turn shares the CPU with it, so its "
                     "timings and speedups do not compare")

@@ -29,6 +29,13 @@ def short_pair(tmp_path_factory):
     return load_pair(str(target), None, device="cpu", dtype="float32", progress=False)
 
 
+@pytest.fixture(scope="module")
+def small_pair(tmp_path_factory):
+    """A target with a 256-position context: room for a few turns, so a long chat outgrows it."""
+    target = save_tiny_checkpoint(tmp_path_factory.mktemp("chat_small") / "target", seed=0, max_positions=256)
+    return load_pair(str(target), None, device="cpu", dtype="float32", progress=False)
+
+
 def make_session(pair, **settings) -> ChatSession:
     drafter = pair.drafter.model if pair.drafter else None
     return ChatSession(pair.target.tokenizer, pair.target.model, drafter, pair.end_ids, ChatSettings(**settings))
@@ -148,6 +155,53 @@ def test_oldest_turns_are_dropped_when_the_context_overflows(short_pair):
     assert dropped > 0 and len(notices) > 0 and "dropped" in notices[0]
     assert len(session.history) == 2 * (6 - dropped)
     assert session.history[-2] == Message("user", "Hello! How are you today? 5")
+
+
+def test_a_long_chat_drops_old_turns_in_chunks_and_keeps_the_rest_cached(small_pair):
+    """Regression: once the chat outgrew the context, the oldest turn was dropped one at a time, every turn, so the
+    prompt's start changed each turn and the cache kept only the system prompt: every turn re-prefilled it all."""
+    session = make_session(small_pair, strategies=("autoregressive",), max_new_tokens=8, ignore_eos=True,
+                           system="Be brief.")
+    notices = []
+
+    class Notices(View):
+        def notice(self, text):
+            notices.append(text)
+
+    turns = []
+    for i in range(24):
+        turn = run_turn(session, f"Hello! How are you today? Question {i}.", Notices())
+        assert len(turn.plan.ids) <= session.context_limit
+        assert session.decode(turn.plan.ids).startswith("<|im_start|>system\nBe brief.")  # the system prompt stays
+        turns.append(turn)
+    drops = [i for i, turn in enumerate(turns) if turn.plan.dropped_turns]
+    assert len(drops) >= 2 and len(notices) == len(drops)  # one notice per drop
+    assert all(turns[i].plan.dropped_turns >= 3 for i in drops)  # in chunks, not one turn at a time
+    assert all(b - a >= 3 for a, b in zip(drops, drops[1:]))  # and not every turn
+    assert all(len(turns[i].plan.ids) <= session.context_limit // 2 for i in drops)  # down to about half
+    for i in range(drops[0] + 1, len(turns)):
+        if i not in drops:  # between drops the whole previous prompt stays cached
+            assert turns[i].plan.reused >= len(turns[i - 1].plan.ids)
+    assert f"dropped the {turns[drops[0]].plan.dropped_turns} oldest turns" in notices[0]
+
+
+def test_every_strategy_starts_from_the_same_cache_across_drops(small_pair):
+    session = make_session(small_pair, strategies=("autoregressive", "lookup"), max_new_tokens=8, ignore_eos=True)
+    first_feeds, dropped = [], 0
+
+    class FirstFeed(View):
+        def start(self, name, plan):
+            first_feeds.append(len(cached))
+
+    cached = []
+    count_fed_tokens(session.target, cached)
+    for i in range(16):
+        first_feeds.clear()
+        turn = run_turn(session, f"Hello! How are you today? Question {i}.", FirstFeed())
+        assert [cached[n] for n in first_feeds] == [turn.plan.reused] * 2  # the cache as the turn began, for each
+        assert turn.runs[0].token_ids == turn.runs[1].token_ids
+        dropped += turn.plan.dropped_turns
+    assert dropped > 0
 
 
 def test_a_message_longer_than_the_context_is_refused_and_changes_nothing(short_pair):
