@@ -12,7 +12,7 @@ from rich.console import Console
 
 from chat.commands import Outcome, build_commands, dispatch
 from chat.render import ConsoleView, banner, comparison_table, interrupt_notice, turn_rows, warn
-from chat.session import ChatSession, ModelInfo
+from chat.session import ChatSession, ContextOverflow, ModelInfo
 from chat.turn import Turn, run_turn
 
 HISTORY_LINES = 1000
@@ -82,7 +82,10 @@ class ChatApp:
                 return None
         try:
             turn = run_turn(self.session, text, view, strategies)
-        except ValueError as error:  # the prompt does not fit the context
+        except ContextOverflow as error:
+            warn(self.console, error.advice("/length"))
+            return None
+        except ValueError as error:  # the chat template rejected the conversation, an empty prompt
             warn(self.console, str(error))
             return None
         except RuntimeError as error:  # out of memory and the like: this turn is lost, the session is not

@@ -76,10 +76,16 @@ class ComparisonRow:
     stats: Stats
     token_ids: list[int] = field(default_factory=list)
     interrupted: bool = False
+    failed: bool = False
+
+    @property
+    def complete(self) -> bool:
+        return not (self.interrupted or self.failed)
 
 
 def turn_rows(turn: Turn) -> list[ComparisonRow]:
-    return [ComparisonRow(run.strategy, run.stats, run.token_ids, run.interrupted) for run in turn.runs]
+    return [ComparisonRow(run.strategy, run.stats, run.token_ids, run.interrupted, run.error is not None)
+            for run in turn.runs]
 
 
 def _rate(x: float) -> str:
@@ -110,7 +116,7 @@ def speedup(stats: Stats, baseline: Stats | None) -> float | None:
 
 def identical_to_baseline(row: ComparisonRow, baseline: ComparisonRow | None, greedy: bool) -> bool | None:
     """Whether a greedy output equals the baseline's token for token; None where the question is meaningless."""
-    if not greedy or baseline is None or row is baseline or row.interrupted or baseline.interrupted:
+    if not greedy or baseline is None or row is baseline or not row.complete or not baseline.complete:
         return None
     return row.token_ids == baseline.token_ids
 
@@ -120,7 +126,7 @@ def comparison_table(rows: list[ComparisonRow], greedy: bool = True, baseline: s
     """One row per strategy: tokens, tokens/s, speedup over `baseline`, acceptance, tokens/round, time to first
     token, and (greedy only) whether the output is identical to the baseline's. The fastest row is highlighted."""
     base = next((r for r in rows if r.strategy == baseline), None)
-    rates = [r.stats.tokens_per_second for r in rows if not r.interrupted]
+    rates = [r.stats.tokens_per_second for r in rows if r.complete]
     fastest = max(rates) if len(rows) > 1 and rates and max(rates) > 0 else None
     caption = f"speedup: tokens/s over {baseline}'s · same: greedy output identical to it"
     table = Table(title=title, title_justify="left", caption=caption, caption_justify="left", header_style="bold")
@@ -131,8 +137,8 @@ def comparison_table(rows: list[ComparisonRow], greedy: bool = True, baseline: s
     for row in rows:
         up = speedup(row.stats, base.stats if base else None)
         same = identical_to_baseline(row, base, greedy)
-        name = row.strategy + (" (interrupted)" if row.interrupted else "")
-        best = fastest is not None and not row.interrupted and row.stats.tokens_per_second == fastest
+        name = row.strategy + (" (failed)" if row.failed else " (interrupted)" if row.interrupted else "")
+        best = fastest is not None and row.complete and row.stats.tokens_per_second == fastest
         table.add_row(name, str(row.stats.new_tokens), _rate(row.stats.tokens_per_second),
                       f"{up:.2f}×" if up is not None else DASH, _percent(row.stats), _per_round(row.stats),
                       _seconds(row.stats), DASH if same is None else ("yes" if same else "NO"),
@@ -314,3 +320,5 @@ class ConsoleView(View):
             self.printer.finish()
         note = " · interrupted" if run.interrupted else ""
         say(self.console, stats_line(run.stats) + note, style="dim")
+        if run.error is not None:
+            warn(self.console, f"{run.strategy} failed: {run.error}")

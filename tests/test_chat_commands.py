@@ -171,6 +171,12 @@ def test_a_command_and_its_arguments_split_on_any_whitespace(app, space):
     assert app.session.settings.strategy.gamma == 5
 
 
+def test_a_prompt_that_does_not_fit_is_advised_with_slash_length(app):
+    run(app, "/length 1020")
+    assert app.ask("Hello! How are you today?") is None
+    assert app.console.file.getvalue().rstrip().endswith(": shorten it or lower /length")
+
+
 def test_quit_and_exit(app):
     assert dispatch(app, "/quit") is Outcome.QUIT
     assert dispatch(app, "/exit") is Outcome.QUIT

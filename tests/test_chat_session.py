@@ -3,13 +3,17 @@
 from __future__ import annotations
 
 import copy
+import io
+import json
 import os
 import signal
 import threading
 
 import pytest
+from rich.console import Console
 
-from chat.session import ChatSession, ChatSettings, Message, fed_models
+from chat.oneshot import FAILED_EXIT, run_oneshot
+from chat.session import ChatSession, ChatSettings, Message, ModelInfo, fed_models
 from chat.turn import View, run_turn
 from sampling.registry import StrategySettings
 from tests.tiny_checkpoint import load_tiny_pair, save_tiny_checkpoint
@@ -369,3 +373,54 @@ def test_the_drafter_compiles_in_the_background_and_says_how_it_went(pair, monke
 def test_no_drafter_nothing_to_compile(short_pair):
     session = make_session(short_pair, strategies=("autoregressive",))
     assert session.compile_drafter() is None and session.compile_status is None
+
+
+INFO = ModelInfo("target", "drafter", "float32", "cpu")
+
+
+def fail_lookup(session, monkeypatch):
+    def out_of_memory(prompt_ids, config):
+        raise RuntimeError("out of memory\nwhile allocating")
+        yield
+
+    monkeypatch.setattr(session._strategies["lookup"], "stream", out_of_memory)
+
+
+def test_one_shot_json_comes_with_a_failed_strategys_error_and_the_others_results(pair, monkeypatch):
+    """Regression: one failing strategy ended the one-shot run with a traceback and no JSON at all."""
+    session = make_session(pair, strategies=("autoregressive", "lookup", "speculative"), max_new_tokens=5)
+    fail_lookup(session, monkeypatch)
+    out = io.StringIO()
+    assert run_oneshot(session, INFO, "Hello!", Console(file=io.StringIO()), out) == FAILED_EXIT
+    assert out.getvalue().count("\n") == 1
+    results = {r["strategy"]: r for r in json.loads(out.getvalue())["results"]}
+    assert list(results) == ["autoregressive", "lookup", "speculative"]
+    assert results["lookup"]["error"] == "RuntimeError: out of memory"
+    assert results["autoregressive"]["error"] is None and results["speculative"]["error"] is None
+    assert results["speculative"]["token_ids"] == results["autoregressive"]["token_ids"]
+    assert len(results["autoregressive"]["token_ids"]) == 5
+
+
+def test_one_shot_on_the_console_names_the_failed_strategy(pair, monkeypatch):
+    session = make_session(pair, strategies=("autoregressive", "lookup"), max_new_tokens=5)
+    fail_lookup(session, monkeypatch)
+    console = Console(file=io.StringIO(), width=200, color_system=None)
+    assert run_oneshot(session, INFO, "Hello!", console, None) == FAILED_EXIT
+    shown = console.file.getvalue()
+    assert "lookup failed: RuntimeError: out of memory" in shown and "lookup (failed)" in shown
+
+
+def test_a_prompt_that_does_not_fit_is_advised_in_the_callers_words(short_pair):
+    """Regression: the one-shot mode (infer.py -p) was told to "lower /length", a REPL command."""
+    session = make_session(short_pair, strategies=("autoregressive",), max_new_tokens=8)
+    out = io.StringIO()
+    with pytest.raises(ValueError, match=r"context allows 88 .*: shorten it or lower --max-new-tokens$"):
+        run_oneshot(session, INFO, "two plus two " * 60, Console(file=io.StringIO()), out)
+    failed = json.loads(out.getvalue())  # the JSON object comes all the same
+    assert failed["prompt_tokens"] is None and "/length" not in out.getvalue()
+    assert [r["strategy"] for r in failed["results"]] == ["autoregressive"]
+    assert failed["results"][0]["error"].endswith("shorten it or lower --max-new-tokens")
+    session.update(max_new_tokens=200)
+    with pytest.raises(ValueError, match=r"leaves no room for a prompt in the model's context \(96\): lower "
+                                         r"--max-new-tokens$"):
+        run_oneshot(session, INFO, "Hello!", Console(file=io.StringIO()), None)
