@@ -142,6 +142,18 @@ def test_bad_arguments_get_one_line_and_the_usage(app, line, expected):
     assert app.session.settings == before
 
 
+@pytest.mark.parametrize("line, expected", [
+    ("/strategies ,", "/strategies: at least one strategy must be enabled  (usage: /strategies [A,B,...])"),
+    ("/strategies lookup lookup", "/strategies: a strategy is listed twice  (usage: /strategies [A,B,...])"),
+])
+def test_a_settings_dataclass_error_is_a_usage_error(app, line, expected):
+    """The settings dataclasses check their own values; a command without its own check answers their ValueError in
+    one line with its usage."""
+    before = app.session.settings
+    assert run(app, line).strip() == expected
+    assert app.session.settings == before
+
+
 def test_the_last_strategy_cannot_be_switched_off(app):
     run(app, "/strategies autoregressive")
     assert "at least one strategy must stay enabled" in run(app, "/autoregressive")
