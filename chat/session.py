@@ -246,7 +246,7 @@ class ChatSession:
         ids = self.render(self.history + [message])
         if len(ids) <= limit:
             return self._fit(ids, limit, 0)
-        fitting = None  # the fewest dropped turns that fit, where none brings the prompt down to the target
+        fitting = None  # the fewest dropped turns that fit: the answer where no drop gets the prompt down to half
         for dropped in range(1, len(self.history) // 2 + 1):
             ids = self.render(self.history[2 * dropped:] + [message])
             if len(ids) <= limit * self.keep_after_drop:
