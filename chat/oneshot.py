@@ -1,4 +1,6 @@
-"""One prompt, no REPL: for scripts. In JSON mode the JSON output gets exactly one object and nothing else."""
+"""One prompt, no REPL: for scripts. In JSON mode the JSON output gets exactly one object and nothing else, whatever
+fails: a strategy that failed has an `error` (the others their results), a prompt that does not fit gives every
+strategy that error."""
 
 from __future__ import annotations
 
@@ -8,10 +10,11 @@ from typing import TextIO
 from rich.console import Console
 
 from chat.render import ConsoleView, comparison_table, turn_rows
-from chat.session import ChatSession, ModelInfo, Run
-from chat.turn import Turn, View, run_turn
+from chat.session import ChatSession, ContextOverflow, ModelInfo, Run
+from chat.turn import View, run_turn
 
-INTERRUPTED_EXIT = 130
+FAILED_EXIT, INTERRUPTED_EXIT = 1, 130
+LENGTH_OPTION = "--max-new-tokens"  # what the advice of a prompt that does not fit names
 
 
 def result_json(session: ChatSession, run: Run) -> dict:
@@ -27,23 +30,39 @@ def result_json(session: ChatSession, run: Run) -> dict:
         "time_to_first_token_s": stats.time_to_first_token,
         "finished": run.finished,  # ended on an end token (False: stopped at the token limit)
         "interrupted": run.interrupted,
+        "error": run.error,  # None: it ran
     }
 
 
-def turn_json(session: ChatSession, info: ModelInfo, turn: Turn) -> dict:
+def turn_json(session: ChatSession, info: ModelInfo, runs: list[Run], prompt_tokens: int | None) -> dict:
     return {"target": info.target, "drafter": info.drafter, "dtype": info.dtype, "device": info.device,
-            "prompt_tokens": len(turn.plan.ids), "results": [result_json(session, run) for run in turn.runs]}
+            "prompt_tokens": prompt_tokens, "results": [result_json(session, run) for run in runs]}
 
 
 def run_oneshot(session: ChatSession, info: ModelInfo, text: str, console: Console, json_out: TextIO | None) -> int:
-    """Run `text` through every enabled strategy; the answers stream to `console`, or with `json_out` come as one
-    JSON object written there. Raises ValueError if the prompt does not fit the context."""
+    """Run `text` through every enabled strategy, each whatever the others did; the answers stream to `console`, or
+    with `json_out` come as one JSON object written there. Returns the exit status: 0, FAILED_EXIT if a strategy
+    failed, INTERRUPTED_EXIT after Ctrl-C. Raises ValueError if the prompt does not fit the context (after the
+    JSON object, where there is one)."""
     as_json = json_out is not None
     view = View() if as_json else ConsoleView(console, session.tokenizer, session.end_ids)
-    turn = run_turn(session, text, view)
+    try:
+        turn = run_turn(session, text, view, keep_going=True)
+    except ValueError as error:
+        message = error.advice(LENGTH_OPTION) if isinstance(error, ContextOverflow) else str(error)
+        if as_json:
+            runs = [Run(name, error=message) for name in session.settings.strategies]
+            _write(json_out, turn_json(session, info, runs, None))
+        raise ValueError(message) from None
     if as_json:
-        json_out.write(json.dumps(turn_json(session, info, turn), ensure_ascii=False) + "\n")
-        json_out.flush()
+        _write(json_out, turn_json(session, info, turn.runs, len(turn.plan.ids)))
     elif len(turn.runs) > 1:
         console.print(comparison_table(turn_rows(turn), session.settings.processor.is_greedy))
-    return INTERRUPTED_EXIT if turn.interrupted else 0
+    if turn.interrupted:
+        return INTERRUPTED_EXIT
+    return FAILED_EXIT if turn.failed else 0
+
+
+def _write(out: TextIO, obj: dict) -> None:
+    out.write(json.dumps(obj, ensure_ascii=False) + "\n")
+    out.flush()

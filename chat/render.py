@@ -1,4 +1,5 @@
-"""Terminal rendering: incremental detokenisation, streamed answers (coloured by origin in debug mode), stats tables.
+"""Terminal rendering: incremental detokenisation, streamed answers (coloured by origin in debug mode), stats tables,
+the banner and the one-line notices.
 
 `comparison_table(rows)` and `stats_line(stats)` are plain functions on `Stats`, for any caller that has runs to show.
 """
@@ -8,12 +9,14 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from rich.console import Console
+from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
-from chat.session import Plan, Run
+from chat.session import ChatSession, ModelInfo, Plan, Run
 from chat.turn import Turn, View
 from sampling.base import Round, Stats
+from utils.logits_processor import PROCESSORS, LogitsProcessor
 
 DASH = "—"
 BASELINE = "autoregressive"
@@ -73,10 +76,16 @@ class ComparisonRow:
     stats: Stats
     token_ids: list[int] = field(default_factory=list)
     interrupted: bool = False
+    failed: bool = False
+
+    @property
+    def complete(self) -> bool:
+        return not (self.interrupted or self.failed)
 
 
 def turn_rows(turn: Turn) -> list[ComparisonRow]:
-    return [ComparisonRow(run.strategy, run.stats, run.token_ids, run.interrupted) for run in turn.runs]
+    return [ComparisonRow(run.strategy, run.stats, run.token_ids, run.interrupted, run.error is not None)
+            for run in turn.runs]
 
 
 def _rate(x: float) -> str:
@@ -107,7 +116,7 @@ def speedup(stats: Stats, baseline: Stats | None) -> float | None:
 
 def identical_to_baseline(row: ComparisonRow, baseline: ComparisonRow | None, greedy: bool) -> bool | None:
     """Whether a greedy output equals the baseline's token for token; None where the question is meaningless."""
-    if not greedy or baseline is None or row is baseline or row.interrupted or baseline.interrupted:
+    if not greedy or baseline is None or row is baseline or not row.complete or not baseline.complete:
         return None
     return row.token_ids == baseline.token_ids
 
@@ -117,7 +126,7 @@ def comparison_table(rows: list[ComparisonRow], greedy: bool = True, baseline: s
     """One row per strategy: tokens, tokens/s, speedup over `baseline`, acceptance, tokens/round, time to first
     token, and (greedy only) whether the output is identical to the baseline's. The fastest row is highlighted."""
     base = next((r for r in rows if r.strategy == baseline), None)
-    rates = [r.stats.tokens_per_second for r in rows if not r.interrupted]
+    rates = [r.stats.tokens_per_second for r in rows if r.complete]
     fastest = max(rates) if len(rows) > 1 and rates and max(rates) > 0 else None
     caption = f"speedup: tokens/s over {baseline}'s · same: greedy output identical to it"
     table = Table(title=title, title_justify="left", caption=caption, caption_justify="left", header_style="bold")
@@ -128,8 +137,8 @@ def comparison_table(rows: list[ComparisonRow], greedy: bool = True, baseline: s
     for row in rows:
         up = speedup(row.stats, base.stats if base else None)
         same = identical_to_baseline(row, base, greedy)
-        name = row.strategy + (" (interrupted)" if row.interrupted else "")
-        best = fastest is not None and not row.interrupted and row.stats.tokens_per_second == fastest
+        name = row.strategy + (" (failed)" if row.failed else " (interrupted)" if row.interrupted else "")
+        best = fastest is not None and row.complete and row.stats.tokens_per_second == fastest
         table.add_row(name, str(row.stats.new_tokens), _rate(row.stats.tokens_per_second),
                       f"{up:.2f}×" if up is not None else DASH, _percent(row.stats), _per_round(row.stats),
                       _seconds(row.stats), DASH if same is None else ("yes" if same else "NO"),
@@ -160,6 +169,89 @@ def detail_table(rows: list[ComparisonRow]) -> Table:
         table.add_row(row.strategy, str(s.rounds), str(s.target_forwards), str(s.drafter_forwards), str(s.drafted),
                       _rate(s.decode_tokens_per_second), f"{s.total_time:.2f} s", by_position)
     return table
+
+
+def session_totals(turns: list[Turn]) -> dict[str, tuple[int, int, float]]:
+    """Per strategy: turns, tokens and seconds over `turns`."""
+    totals: dict[str, tuple[int, int, float]] = {}
+    for turn in turns:
+        for run in turn.runs:
+            count, tokens, seconds = totals.get(run.strategy, (0, 0, 0.0))
+            stats = run.stats
+            totals[run.strategy] = (count + 1, tokens + stats.new_tokens, seconds + stats.total_time)
+    return totals
+
+
+def totals_table(turns: list[Turn]) -> Table:
+    """/stats: each strategy's turns, tokens, seconds and tokens/s over the session."""
+    table = Table(title="session", title_justify="left", header_style="bold", pad_edge=False)
+    for name, justify in (("strategy", "left"), ("turns", "right"), ("tokens", "right"), ("seconds", "right"),
+                          ("tok/s", "right")):
+        table.add_column(name, justify=justify)
+    for name, (count, tokens, seconds) in session_totals(turns).items():
+        table.add_row(name, str(count), str(tokens), f"{seconds:.2f}", f"{tokens / seconds:.1f}" if seconds else DASH)
+    return table
+
+
+# ---------------------------------------------------------------------------------------------
+# Settings and notices
+
+
+def processor_name(processor: LogitsProcessor) -> str:
+    return next((name for name, cls in PROCESSORS.items() if type(processor) is cls), type(processor).__name__)
+
+
+def describe_processor(processor: LogitsProcessor) -> str:
+    if processor.is_greedy:
+        return processor_name(processor)
+    return " ".join([processor_name(processor)] + [f"{k}={v}" for k, v in vars(processor).items()])
+
+
+def running(strategies: tuple[str, ...], compare: bool) -> str:
+    if not compare:
+        return f"{strategies[0]} only (compare off)"
+    return f"{', '.join(strategies)} (history from {strategies[0]})"
+
+
+def banner(info: ModelInfo, session: ChatSession, compare: bool) -> Panel:
+    settings = session.settings
+    grid = Table.grid(padding=(0, 2))
+    grid.add_column(style="bold")
+    grid.add_column()
+    rows = {
+        "target": info.target,
+        "drafter": (info.drafter or "none") + (f" · step {session.compile_status}" if session.compile_status else ""),
+        "dtype · device": f"{info.dtype} · {info.device}",
+        "strategies": running(settings.strategies, compare),
+        "sampling": f"{describe_processor(settings.processor)} · up to {settings.max_new_tokens} new tokens · "
+                    f"gamma {settings.strategy.gamma}",
+        "chat": "template" + (f" · system: {settings.system}" if settings.system else "")
+                if session.uses_template else "raw completion (no template)",
+    }
+    for name, value in rows.items():
+        grid.add_row(name, Text(value))  # Text: names and the system prompt are shown as typed, never as markup
+    return Panel(grid, title="[bold]specchat[/] · speculative decoding", title_align="left",
+                 subtitle="/help for commands · Ctrl-C stops a generation · Ctrl-D quits", subtitle_align="left",
+                 border_style="cyan", expand=False)
+
+
+def interrupt_notice(turn: Turn) -> str:
+    first = turn.runs[0]
+    if turn.answer is None:
+        return "interrupted before the first token: the turn was dropped from the history"
+    state = "partial answer" if first.interrupted else "answer"
+    return f"interrupted: kept the {state} of {first.strategy} ({len(first.token_ids)} tokens) in the history"
+
+
+def warn(console: Console, text: str) -> None:
+    """One line, however narrow the terminal (the terminal wraps it, not rich)."""
+    say(console, text, style="yellow", soft_wrap=True)
+
+
+def say(console: Console, text: str, style: str = "", **options) -> None:
+    """Print `text` as it is: text that can carry user or model words never goes through rich's markup or emoji
+    codes ("[/]" would raise, "[answer]" vanish, ":warning:" turn into an emoji)."""
+    console.print(Text(text, style=style), **options)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -208,11 +300,11 @@ class ConsoleView(View):
         self.printer: StreamPrinter | None = None
 
     def notice(self, text: str) -> None:
-        self.console.print(f"⚠ {text}", style="yellow", markup=False, soft_wrap=True)
+        say(self.console, f"⚠ {text}", style="yellow", soft_wrap=True)
 
     def begin(self, plan: Plan) -> None:
-        self.console.print(f"prompt: {len(plan.ids)} tokens, {plan.reused} of them already in the KV cache",
-                           style="dim", markup=False)
+        say(self.console, f"prompt: {len(plan.ids)} tokens, {plan.reused} of them already in the KV cache",
+            style="dim")
         if self.debug:
             self.console.print(debug_legend())
 
@@ -227,4 +319,6 @@ class ConsoleView(View):
         if self.printer is not None:
             self.printer.finish()
         note = " · interrupted" if run.interrupted else ""
-        self.console.print(stats_line(run.stats) + note, style="dim", markup=False)
+        say(self.console, stats_line(run.stats) + note, style="dim")
+        if run.error is not None:
+            warn(self.console, f"{run.strategy} failed: {run.error}")

@@ -26,6 +26,19 @@ from utils.logits_processor import GreedyProcessor, LogitsProcessor
 COMPILING = "compiling (background)"
 
 
+class ContextOverflow(ValueError):
+    """The prompt does not fit the context. The message says why; `advice(option)` adds the fix in the caller's own
+    words, since the option that lowers max new tokens is /length in the REPL and --max-new-tokens on the command
+    line."""
+
+    def __init__(self, reason: str, shorten: bool = True):
+        super().__init__(reason)
+        self.shorten = shorten  # False: shortening the prompt cannot help, only fewer new tokens can
+
+    def advice(self, length_option: str) -> str:
+        return f"{self}: {'shorten it or lower' if self.shorten else 'lower'} {length_option}"
+
+
 @dataclass(frozen=True)
 class ModelInfo:
     """What the banner, /save and the one-shot JSON say about the loaded models."""
@@ -81,6 +94,7 @@ class Run:
     strategy: str
     rounds: list[Round] = field(default_factory=list)
     interrupted: bool = False
+    error: str | None = None  # why it failed, where a turn goes on past a failed strategy (the one-shot mode)
 
     @property
     def token_ids(self) -> list[int]:
@@ -99,6 +113,8 @@ class Run:
 
 
 class ChatSession:
+    keep_after_drop = 0.5  # the share of the prompt room a conversation that outgrew the context is cut down to
+
     def __init__(self, tokenizer, target_model, drafter_model=None, end_ids: tuple[int, ...] = (),
                  settings: ChatSettings = ChatSettings(), drafter_prefill_model=None):
         self.tokenizer = tokenizer
@@ -214,30 +230,37 @@ class ChatSession:
         return self.tokenizer(text, add_special_tokens=False)["input_ids"]
 
     def plan(self, user_text: str) -> Plan:
-        """The prompt for `user_text`: the conversation so far through the template (or the bare text without it),
-        dropping the oldest turns until it fits the context. Raises ValueError if even the new message alone is
-        too long."""
+        """The prompt for `user_text`: the conversation so far through the template (or the bare text without it).
+        A conversation that outgrew the context loses its oldest turns in one chunk, down to about half the room
+        (`keep_after_drop`), so the start of the prompt, and with it the cache, then stays the same for the turns
+        that follow; dropping one turn at a time would change it, and re-prefill nearly all of it, every turn.
+        The system prompt always stays. Raises ContextOverflow if even the new message alone is too long."""
         limit = self.context_limit
         if limit < 1:
-            raise ValueError(f"max new tokens ({self.settings.max_new_tokens}) leaves no room for a prompt in the "
-                             f"model's context ({self.context_length}); lower /length")
+            raise ContextOverflow(f"max new tokens ({self.settings.max_new_tokens}) leaves no room for a prompt in "
+                                  f"the model's context ({self.context_length})", shorten=False)
         if not self.uses_template:
             ids = self.tokenizer(user_text)["input_ids"]
             return self._fit(ids, limit, 0)
-        turns = len(self.history) // 2
-        for dropped in range(turns + 1):
-            ids = self.render(self.history[2 * dropped:] + [Message("user", user_text)])
-            if len(ids) <= limit:
+        message = Message("user", user_text)
+        ids = self.render(self.history + [message])
+        if len(ids) <= limit:
+            return self._fit(ids, limit, 0)
+        fitting = None  # the fewest dropped turns that fit: the answer where no drop gets the prompt down to half
+        for dropped in range(1, len(self.history) // 2 + 1):
+            ids = self.render(self.history[2 * dropped:] + [message])
+            if len(ids) <= limit * self.keep_after_drop:
                 return self._fit(ids, limit, dropped)
-        return self._fit(ids, limit, turns)
+            if fitting is None and len(ids) <= limit:
+                fitting = self._fit(ids, limit, dropped)
+        return fitting or self._fit(ids, limit, len(self.history) // 2)
 
     def _fit(self, ids: list[int], limit: int, dropped: int) -> Plan:
         if not ids:
             raise ValueError("the prompt is empty")
         if len(ids) > limit:
-            raise ValueError(f"the prompt has {len(ids)} tokens; the context allows {limit} "
-                             f"(max positions minus {self.settings.max_new_tokens} new tokens): shorten it or "
-                             "lower /length")
+            raise ContextOverflow(f"the prompt has {len(ids)} tokens; the context allows {limit} "
+                                  f"(max positions minus {self.settings.max_new_tokens} new tokens)")
         return Plan(ids, dropped)
 
     def begin(self, plan: Plan) -> None:

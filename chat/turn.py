@@ -44,6 +44,10 @@ class Turn:
     def interrupted(self) -> bool:
         return any(run.interrupted for run in self.runs)
 
+    @property
+    def failed(self) -> bool:
+        return any(run.error is not None for run in self.runs)
+
 
 class CtrlC:
     """Ctrl-C during a turn, remembered as well as raised.
@@ -77,13 +81,17 @@ class CtrlC:
             signal.signal(signal.SIGINT, self.previous)
 
 
-def run_turn(session: ChatSession, text: str, view: View, strategies: tuple[str, ...] | None = None) -> Turn:
+def run_turn(session: ChatSession, text: str, view: View, strategies: tuple[str, ...] | None = None,
+             keep_going: bool = False) -> Turn:
     """Run `text` through `strategies` (default: every enabled one) in order and record the first one's answer.
-    Raises ValueError (the prompt does not fit) before anything changes."""
+    Raises ValueError (ContextOverflow: the prompt does not fit) before anything changes. A strategy that raises ends
+    the turn, or with `keep_going` has its error in `Run.error` and the next one runs (its answer is not recorded)."""
     plan = session.plan(text)
     if plan.dropped_turns:
+        kept = " (the system prompt stays)" if session.settings.system else ""
         view.notice(f"the conversation outgrew the context ({session.context_limit} prompt tokens): dropped the "
-                    f"{plan.dropped_turns} oldest turn{'s' * (plan.dropped_turns > 1)}")
+                    f"{plan.dropped_turns} oldest turn{'s' * (plan.dropped_turns > 1)} at once{kept}, down to "
+                    f"{len(plan.ids)} tokens, so the rest stays cached for the turns ahead")
     if session.compiling:
         view.notice("the drafter's step is still compiling in the background: this turn shares the CPU with it, so its "
                     "timings and speedups do not compare")
@@ -96,17 +104,23 @@ def run_turn(session: ChatSession, text: str, view: View, strategies: tuple[str,
                 run = Run(name)
                 turn.runs.append(run)
                 view.start(name, plan)
-                for r in session.stream(name, plan):
-                    run.rounds.append(r)
-                    view.round(r)
-                    ctrl_c.check()
+                try:
+                    for r in session.stream(name, plan):
+                        run.rounds.append(r)
+                        view.round(r)
+                        ctrl_c.check()
+                except Exception as error:  # noqa: BLE001 (keep_going: any failure is this strategy's result)
+                    if not keep_going:
+                        raise
+                    reason = next(iter(str(error).strip().splitlines()), "")
+                    run.error = f"{type(error).__name__}: {reason}" if reason else type(error).__name__
                 view.end(run)
         except KeyboardInterrupt:
             if turn.runs:
                 turn.runs[-1].interrupted = True
                 view.end(turn.runs[-1])
     first = turn.runs[0] if turn.runs else None
-    if first is not None and first.rounds:
+    if first is not None and first.rounds and first.error is None:
         turn.answer = session.decode(session.answer_ids(first))
         session.record(text, turn.answer)
     return turn

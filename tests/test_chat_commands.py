@@ -2,17 +2,21 @@
 
 from __future__ import annotations
 
+import ast
 import io
 import json
 import random
 import threading
+from dataclasses import dataclass, field
+from pathlib import Path
 
 import pytest
 from rich.console import Console
 
 from chat.app import ChatApp
-from chat.commands import Outcome, build_commands, dispatch, parse_processor
+from chat.commands import Command, Outcome, build_commands, dispatch, parse_processor
 from chat.session import ChatSession, ChatSettings, ModelInfo
+from chat.turn import Turn
 from sampling.registry import STRATEGIES
 from tests.tiny_checkpoint import load_tiny_pair
 from utils.logits_processor import GreedyProcessor, NucleusProcessor, TopKNucleusProcessor, TopKProcessor
@@ -138,6 +142,18 @@ def test_bad_arguments_get_one_line_and_the_usage(app, line, expected):
     assert app.session.settings == before
 
 
+@pytest.mark.parametrize("line, expected", [
+    ("/strategies ,", "/strategies: at least one strategy must be enabled  (usage: /strategies [A,B,...])"),
+    ("/strategies lookup lookup", "/strategies: a strategy is listed twice  (usage: /strategies [A,B,...])"),
+])
+def test_a_settings_dataclass_error_is_a_usage_error(app, line, expected):
+    """The settings dataclasses check their own values; a command without its own check answers their ValueError in
+    one line with its usage."""
+    before = app.session.settings
+    assert run(app, line).strip() == expected
+    assert app.session.settings == before
+
+
 def test_the_last_strategy_cannot_be_switched_off(app):
     run(app, "/strategies autoregressive")
     assert "at least one strategy must stay enabled" in run(app, "/autoregressive")
@@ -156,6 +172,21 @@ def test_unknown_commands_suggest_the_closest(app):
     assert "unknown command /gamm; did you mean /gamma?" in run(app, "/gamm 3")
     assert "did you mean /processor?" in run(app, "/procesor greedy")
     assert "/help lists the commands" in run(app, "/zzzzzz")
+
+
+@pytest.mark.parametrize("space", ["\t", "\u00a0", " \t ", "\u2003"])
+def test_a_command_and_its_arguments_split_on_any_whitespace(app, space):
+    """Regression: only a plain space split them: "/gamma<TAB>5" answered "unknown command /gamma\t5"."""
+    assert "gamma (most tokens drafted per round) = 5" in run(app, f"/gamma{space}5")
+    assert "prompt lookup n-grams from 4 down to 2" in run(app, f"/lookup-ngram{space}4{space}2")
+    assert "lookup, autoregressive (history from lookup)" in run(app, f"/strategies{space}lookup{space}autoregressive")
+    assert app.session.settings.strategy.gamma == 5
+
+
+def test_a_prompt_that_does_not_fit_is_advised_with_slash_length(app):
+    run(app, "/length 1020")
+    assert app.ask("Hello! How are you today?") is None
+    assert app.console.file.getvalue().rstrip().endswith(": shorten it or lower /length")
 
 
 def test_quit_and_exit(app):
@@ -185,13 +216,64 @@ def test_history_stats_and_save(app, tmp_path):
     assert "system Be brief." in history and "user Hello!" in history and "assistant" in history
     stats = run(app, "/stats")
     assert "acceptance by draft position" in stats and "session" in stats
-    assert "saved 1 turns" in run(app, f"/save {tmp_path / 'chat.json'}")
+    assert "saved 1 turn to" in run(app, f"/save {tmp_path / 'chat.json'}")
     saved = json.loads((tmp_path / "chat.json").read_text())
     assert saved["turns"][0]["user"] == "Hello!" and saved["turns"][0]["history_from"] == "speculative"
     assert saved["turns"][0]["results"][0]["text"] == turn.answer and saved["system"] == "Be brief."
     run(app, f"/save {tmp_path / 'chat.md'}")
     markdown = (tmp_path / "chat.md").read_text()
     assert "## User\n\nHello!" in markdown and "### speculative (kept in history)" in markdown
+
+
+def test_save_refuses_an_existing_file_or_a_symlink_unless_forced(app, tmp_path):
+    """Regression: /save overwrote an existing file without a word, and wrote through a symlink to its target."""
+    app.ask("Hello!")
+    mine, precious = tmp_path / "notes.md", tmp_path / "precious.txt"
+    mine.write_text("my notes")
+    precious.write_text("keep me")
+    link, dangling = tmp_path / "link.md", tmp_path / "dangling.md"
+    link.symlink_to(precious)
+    dangling.symlink_to(tmp_path / "nowhere.md")
+    for path in (mine, link, dangling):
+        text = run(app, f"/save {path}")
+        assert f"{path} exists; /save {path} --force replaces it" in text and len(text.strip().splitlines()) == 1
+    assert mine.read_text() == "my notes" and precious.read_text() == "keep me"
+    assert not (tmp_path / "nowhere.md").exists()
+
+    assert "saved 1 turn to" in run(app, f"/save {mine} --force")
+    assert mine.read_text().startswith("# Chat with target")
+    run(app, f"/save {link} --force")  # replaces the link itself, never the file it points to
+    assert not link.is_symlink() and link.read_text().startswith("# Chat with target")
+    assert precious.read_text() == "keep me"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["dangling.md", "link.md", "notes.md", "precious.txt"]
+
+
+def test_save_counts_turns_in_words(app, tmp_path):
+    assert "saved 0 turns to" in run(app, f"/save {tmp_path / 'a.md'}")
+    app.ask("Hello!")
+    assert "saved 1 turn to" in run(app, f"/save {tmp_path / 'b.md'}")
+    app.ask("Again?")
+    assert "saved 2 turns to" in run(app, f"/save {tmp_path / 'c.md'}")
+
+
+MARKUP = ["[/]", "Wrap in [answer]…[/answer]", "[bold red]loud[/bold red]", "/:warning: :smile:"]
+
+
+@pytest.mark.parametrize("text", MARKUP)
+def test_user_text_is_printed_as_typed_never_as_markup_or_emoji(app, tmp_path, text):
+    """Regression: user text went through rich's emoji codes (":warning:" became an emoji) in the system prompt, the
+    history, warnings and the /save path, and escaping markup by hand was one forgotten call from a MarkupError."""
+    assert f"system prompt: {text}" in run(app, f"/system {text}")
+    system_line = next(line for line in run(app, "/help").splitlines() if line.startswith("/system"))
+    assert system_line.rstrip().endswith(text)
+    app.ask(text)
+    history = run(app, "/history")
+    assert f"system {text}" in history and f"user {text}" in history
+    word = text.split()[-1].lower()
+    assert f"unknown strategy '{word}'" in run(app, f"/strategies {word}")
+    assert f"unknown command /{word.lstrip('/')}" in run(app, f"/{word.lstrip('/')}")
+    path = tmp_path / text.replace("/", "_")
+    assert f"to {path}" in run(app, f"/save {path}")
 
 
 def test_parse_processor_defaults_and_keys():
@@ -245,3 +327,50 @@ def test_a_prompt_waits_for_the_drafters_compile_and_ctrl_c_gives_it_up(app, mon
     assert order == ["released", "compiled"] and session.compile_status.startswith("compiled in ")
     assert turn is not None and len(session.history) == 2
     assert "do not compare" not in app.console.file.getvalue()  # the turn did not run beside the compile
+
+
+def chat_imports() -> dict[str, set[str]]:
+    """Each chat module's imports of other chat modules, wherever they stand (type-checking blocks included)."""
+    graph = {}
+    for path in sorted((Path(__file__).resolve().parent.parent / "chat").glob("*.py")):
+        found = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("chat."):
+                found.add(node.module.removeprefix("chat."))
+            elif isinstance(node, ast.Import):
+                found |= {a.name.removeprefix("chat.") for a in node.names if a.name.startswith("chat.")}
+        graph[path.stem] = found
+    return graph
+
+
+def test_no_two_chat_modules_import_each_other():
+    """Regression: chat/commands.py imported chat/app.py (for its type) while app.py imported commands.py."""
+    graph = chat_imports()
+    assert "app" in graph and "commands" in graph["app"]
+
+    def reaches(start: str, goal: str, seen: set[str]) -> bool:
+        return any(n == goal or (n not in seen and reaches(n, goal, seen | {n})) for n in graph.get(start, ()))
+
+    circles = sorted(name for name in graph if reaches(name, name, set()))
+    assert circles == []
+
+
+@dataclass
+class BareContext:
+    """Just what a command may use: no REPL behind it."""
+
+    session: ChatSession
+    console: Console
+    info: ModelInfo
+    turns: list[Turn] = field(default_factory=list)
+    commands: dict[str, Command] = field(default_factory=build_commands)
+    compare: bool = True
+    debug: bool = False
+
+
+def test_commands_run_on_a_narrow_context_without_the_repl(app, tmp_path):
+    ctx = BareContext(app.session, app.console, app.info, turns=[app.ask("Hello!")])
+    for line in ("/help", "/compare off", "/debug on", "/stats", "/history", f"/save {tmp_path / 'chat.md'}"):
+        run(ctx, line)
+    assert not ctx.compare and ctx.debug
+    assert "## User\n\nHello!" in (tmp_path / "chat.md").read_text()

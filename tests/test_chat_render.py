@@ -5,9 +5,10 @@ from __future__ import annotations
 import pytest
 from rich.console import Console
 
-from chat.render import ComparisonRow, Detokenizer, comparison_table, speedup, stats_line
+from chat.render import ComparisonRow, ConsoleView, Detokenizer, banner, comparison_table, speedup, stats_line, warn
+from chat.session import ChatSession, ChatSettings, ModelInfo
 from sampling.base import Round, Stats
-from tests.tiny_checkpoint import build_tokenizer
+from tests.tiny_checkpoint import build_tokenizer, load_tiny_pair
 
 
 @pytest.fixture(scope="module")
@@ -120,3 +121,36 @@ def test_the_fastest_row_is_highlighted():
     fast = stats_of([Round([1, 2], elapsed=0.5)])
     table = comparison_table([ComparisonRow("autoregressive", slow), ComparisonRow("lookup", fast)])
     assert [row.style for row in table.rows] == [None, "bold green"]
+
+
+MARKUP = ["[/]", "Wrap in [answer]…[/answer]", "[bold red]loud[/bold red]", "/:warning: :smile:"]
+
+
+@pytest.fixture(scope="module")
+def pair(tmp_path_factory):
+    return load_tiny_pair(tmp_path_factory.mktemp("chat_render"))
+
+
+def printed(*renderables) -> str:
+    console = Console(width=200, record=True, color_system=None, file=open("/dev/null", "w"))
+    for renderable in renderables:
+        console.print(renderable)
+    return console.export_text()
+
+
+@pytest.mark.parametrize("text", MARKUP)
+def test_the_banner_shows_user_text_as_typed(pair, text):
+    """Regression: `--system "[/]"` crashed the banner with a MarkupError, "[answer]" vanished from it, and emoji
+    codes were expanded."""
+    session = ChatSession(pair.target.tokenizer, pair.target.model, None, pair.end_ids,
+                          ChatSettings(strategies=("autoregressive",), system=text))
+    shown = printed(banner(ModelInfo(f"target {text}", f"drafter {text}", "float32", "cpu"), session, True))
+    assert f"system: {text}" in shown and f"target {text}" in shown and f"drafter {text}" in shown
+
+
+@pytest.mark.parametrize("text", MARKUP)
+def test_notices_and_warnings_show_their_text_as_typed(tokenizer, text):
+    console = Console(width=200, record=True, color_system=None, file=open("/dev/null", "w"))
+    ConsoleView(console, tokenizer, ()).notice(text)
+    warn(console, text)
+    assert console.export_text() == f"⚠ {text}\n{text}\n"

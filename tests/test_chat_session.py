@@ -3,13 +3,17 @@
 from __future__ import annotations
 
 import copy
+import io
+import json
 import os
 import signal
 import threading
 
 import pytest
+from rich.console import Console
 
-from chat.session import ChatSession, ChatSettings, Message, fed_models
+from chat.oneshot import FAILED_EXIT, run_oneshot
+from chat.session import ChatSession, ChatSettings, Message, ModelInfo, fed_models
 from chat.turn import View, run_turn
 from sampling.registry import StrategySettings
 from tests.tiny_checkpoint import load_tiny_pair, save_tiny_checkpoint
@@ -26,6 +30,13 @@ def pair(tmp_path_factory):
 def short_pair(tmp_path_factory):
     """A target with a 96-position context, for overflow."""
     target = save_tiny_checkpoint(tmp_path_factory.mktemp("chat_short") / "target", seed=0, max_positions=96)
+    return load_pair(str(target), None, device="cpu", dtype="float32", progress=False)
+
+
+@pytest.fixture(scope="module")
+def small_pair(tmp_path_factory):
+    """A target with a 256-position context: room for a few turns, so a long chat outgrows it."""
+    target = save_tiny_checkpoint(tmp_path_factory.mktemp("chat_small") / "target", seed=0, max_positions=256)
     return load_pair(str(target), None, device="cpu", dtype="float32", progress=False)
 
 
@@ -148,6 +159,53 @@ def test_oldest_turns_are_dropped_when_the_context_overflows(short_pair):
     assert dropped > 0 and len(notices) > 0 and "dropped" in notices[0]
     assert len(session.history) == 2 * (6 - dropped)
     assert session.history[-2] == Message("user", "Hello! How are you today? 5")
+
+
+def test_a_long_chat_drops_old_turns_in_chunks_and_keeps_the_rest_cached(small_pair):
+    """Regression: once the chat outgrew the context, the oldest turn was dropped one at a time, every turn, so the
+    prompt's start changed each turn and the cache kept only the system prompt: every turn re-prefilled it all."""
+    session = make_session(small_pair, strategies=("autoregressive",), max_new_tokens=8, ignore_eos=True,
+                           system="Be brief.")
+    notices = []
+
+    class Notices(View):
+        def notice(self, text):
+            notices.append(text)
+
+    turns = []
+    for i in range(24):
+        turn = run_turn(session, f"Hello! How are you today? Question {i}.", Notices())
+        assert len(turn.plan.ids) <= session.context_limit
+        assert session.decode(turn.plan.ids).startswith("<|im_start|>system\nBe brief.")  # the system prompt stays
+        turns.append(turn)
+    drops = [i for i, turn in enumerate(turns) if turn.plan.dropped_turns]
+    assert len(drops) >= 2 and len(notices) == len(drops)  # one notice per drop
+    assert all(turns[i].plan.dropped_turns >= 3 for i in drops)  # in chunks, not one turn at a time
+    assert all(b - a >= 3 for a, b in zip(drops, drops[1:]))  # and not every turn
+    assert all(len(turns[i].plan.ids) <= session.context_limit // 2 for i in drops)  # down to about half
+    for i in range(drops[0] + 1, len(turns)):
+        if i not in drops:  # between drops the whole previous prompt stays cached
+            assert turns[i].plan.reused >= len(turns[i - 1].plan.ids)
+    assert f"dropped the {turns[drops[0]].plan.dropped_turns} oldest turns" in notices[0]
+
+
+def test_every_strategy_starts_from_the_same_cache_across_drops(small_pair):
+    session = make_session(small_pair, strategies=("autoregressive", "lookup"), max_new_tokens=8, ignore_eos=True)
+    first_feeds, dropped = [], 0
+
+    class FirstFeed(View):
+        def start(self, name, plan):
+            first_feeds.append(len(cached))
+
+    cached = []
+    count_fed_tokens(session.target, cached)
+    for i in range(16):
+        first_feeds.clear()
+        turn = run_turn(session, f"Hello! How are you today? Question {i}.", FirstFeed())
+        assert [cached[n] for n in first_feeds] == [turn.plan.reused] * 2  # the cache as the turn began, for each
+        assert turn.runs[0].token_ids == turn.runs[1].token_ids
+        dropped += turn.plan.dropped_turns
+    assert dropped > 0
 
 
 def test_a_message_longer_than_the_context_is_refused_and_changes_nothing(short_pair):
@@ -315,3 +373,54 @@ def test_the_drafter_compiles_in_the_background_and_says_how_it_went(pair, monke
 def test_no_drafter_nothing_to_compile(short_pair):
     session = make_session(short_pair, strategies=("autoregressive",))
     assert session.compile_drafter() is None and session.compile_status is None
+
+
+INFO = ModelInfo("target", "drafter", "float32", "cpu")
+
+
+def fail_lookup(session, monkeypatch):
+    def out_of_memory(prompt_ids, config):
+        raise RuntimeError("out of memory\nwhile allocating")
+        yield
+
+    monkeypatch.setattr(session._strategies["lookup"], "stream", out_of_memory)
+
+
+def test_one_shot_json_comes_with_a_failed_strategys_error_and_the_others_results(pair, monkeypatch):
+    """Regression: one failing strategy ended the one-shot run with a traceback and no JSON at all."""
+    session = make_session(pair, strategies=("autoregressive", "lookup", "speculative"), max_new_tokens=5)
+    fail_lookup(session, monkeypatch)
+    out = io.StringIO()
+    assert run_oneshot(session, INFO, "Hello!", Console(file=io.StringIO()), out) == FAILED_EXIT
+    assert out.getvalue().count("\n") == 1
+    results = {r["strategy"]: r for r in json.loads(out.getvalue())["results"]}
+    assert list(results) == ["autoregressive", "lookup", "speculative"]
+    assert results["lookup"]["error"] == "RuntimeError: out of memory"
+    assert results["autoregressive"]["error"] is None and results["speculative"]["error"] is None
+    assert results["speculative"]["token_ids"] == results["autoregressive"]["token_ids"]
+    assert len(results["autoregressive"]["token_ids"]) == 5
+
+
+def test_one_shot_on_the_console_names_the_failed_strategy(pair, monkeypatch):
+    session = make_session(pair, strategies=("autoregressive", "lookup"), max_new_tokens=5)
+    fail_lookup(session, monkeypatch)
+    console = Console(file=io.StringIO(), width=200, color_system=None)
+    assert run_oneshot(session, INFO, "Hello!", console, None) == FAILED_EXIT
+    shown = console.file.getvalue()
+    assert "lookup failed: RuntimeError: out of memory" in shown and "lookup (failed)" in shown
+
+
+def test_a_prompt_that_does_not_fit_is_advised_in_the_callers_words(short_pair):
+    """Regression: the one-shot mode (infer.py -p) was told to "lower /length", a REPL command."""
+    session = make_session(short_pair, strategies=("autoregressive",), max_new_tokens=8)
+    out = io.StringIO()
+    with pytest.raises(ValueError, match=r"context allows 88 .*: shorten it or lower --max-new-tokens$"):
+        run_oneshot(session, INFO, "two plus two " * 60, Console(file=io.StringIO()), out)
+    failed = json.loads(out.getvalue())  # the JSON object comes all the same
+    assert failed["prompt_tokens"] is None and "/length" not in out.getvalue()
+    assert [r["strategy"] for r in failed["results"]] == ["autoregressive"]
+    assert failed["results"][0]["error"].endswith("shorten it or lower --max-new-tokens")
+    session.update(max_new_tokens=200)
+    with pytest.raises(ValueError, match=r"leaves no room for a prompt in the model's context \(96\): lower "
+                                         r"--max-new-tokens$"):
+        run_oneshot(session, INFO, "Hello!", Console(file=io.StringIO()), None)
