@@ -10,7 +10,6 @@ from __future__ import annotations
 import difflib
 import inspect
 import json
-import math
 from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
@@ -25,11 +24,10 @@ from chat.render import (comparison_table, describe_processor, detail_table, run
 from chat.session import ChatSession, ModelInfo
 from chat.transcript import transcript, transcript_markdown, write_file
 from chat.turn import Turn
-from sampling.drafters.ngram import STORE_KINDS
-from sampling.registry import NEEDS_DRAFTER, STRATEGIES
+from sampling.settings import NEEDS_DRAFTER, STORE_KINDS, STRATEGIES
+from utils.checks import SettingError
 from utils.logits_processor import PROCESSORS, LogitsProcessor
 
-MAX_BEAMS = 64
 FORCE = "--force"  # /save FILE --force: replace an existing file
 
 
@@ -68,15 +66,28 @@ class Command:
 # Argument parsing
 
 
-def parse_int(text: str, what: str, low: int, high: int | None = None) -> int:
+# The settings' names in the words of the commands that set them, for the settings' own bound errors.
+SETTING_WORDS = {"max_new_tokens": "max new tokens", "ngram_n": "n-gram size", "ngram_kind": "store kind",
+                 "ngram_filler_top_k": "filler top-k", "lookup_max_ngram": "max n-gram", "lookup_min_ngram": "min n-gram",
+                 "draft_alternatives": "draft alternatives", "verify_width": "verify width",
+                 "draft_cumulative": "the cumulative threshold", "lookahead_window": "window W",
+                 "lookahead_ngram": "n-gram size N", "lookahead_candidates": "candidates G",
+                 "num_beams": "number of beams"}
+
+
+def parse_int(text: str, what: str) -> int:
+    """An integer argument; its bounds are the settings' own (SettingError, worded by `dispatch`)."""
     try:
-        value = int(text)
+        return int(text)
     except ValueError:
         raise UsageError(f"{what} must be an integer, got {text!r}") from None
-    if value < low or (high is not None and value > high):
-        bounds = f">= {low}" if high is None else f"from {low} to {high}"
-        raise UsageError(f"{what} must be {bounds}, got {value}")
-    return value
+
+
+def parse_float(text: str, what: str) -> float:
+    try:
+        return float(text)
+    except ValueError:
+        raise UsageError(f"{what} must be a number, got {text!r}") from None
 
 
 def parse_switch(text: str, current: bool) -> bool:
@@ -148,15 +159,10 @@ def parse_processor(text: str) -> LogitsProcessor:
 
 
 def _number(text: str, param: inspect.Parameter) -> float | int:
+    """A processor value as its parameter's type; the processor checks its bounds."""
     if isinstance(param.default, int) and not isinstance(param.default, bool):
-        return parse_int(text, param.name, 1)
-    try:
-        value = float(text)
-    except ValueError:
-        raise UsageError(f"{param.name} must be a number, got {text!r}") from None
-    if not math.isfinite(value):
-        raise UsageError(f"{param.name} must be finite, got {text!r}")
-    return value
+        return parse_int(text, param.name)
+    return parse_float(text, param.name)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -222,13 +228,13 @@ def _compare(ctx: Context, arg: str) -> None:
 
 
 def _gamma(ctx: Context, arg: str) -> None:
-    gamma = parse_int(one_word(arg), "gamma", 1)
+    gamma = parse_int(one_word(arg), "gamma")
     ctx.session.update_strategy(gamma=gamma)
     ctx.console.print(f"gamma (most tokens drafted per round) = {gamma}")
 
 
 def _length(ctx: Context, arg: str) -> None:
-    n = parse_int(one_word(arg), "max new tokens", 1)
+    n = parse_int(one_word(arg), "max new tokens")
     room = ctx.session.context_length
     if n >= room:
         raise UsageError(f"max new tokens must leave room for a prompt in the context of {room} tokens")
@@ -244,7 +250,7 @@ def _processor(ctx: Context, arg: str) -> None:
 
 def _seed(ctx: Context, arg: str) -> None:
     word = one_word(arg).lower()
-    seed = None if word in ("random", "none") else parse_int(word, "seed", 0, 2**63 - 1)
+    seed = None if word in ("random", "none") else parse_int(word, "seed")
     ctx.session.update(seed=seed)
     ctx.console.print(f"seed = {'random' if seed is None else seed}")
 
@@ -296,15 +302,13 @@ def _ngram_store(ctx: Context, arg: str) -> None:
     if len(words) != 2:
         raise UsageError("expected a kind and a size")
     kind = words[0].lower()
-    if kind not in STORE_KINDS:
-        raise UsageError(f"store kind must be one of {', '.join(STORE_KINDS)}, got {words[0]!r}")
-    n = parse_int(words[1], "n-gram size", 2, 16)
+    n = parse_int(words[1], "n-gram size")
     ctx.session.update_strategy(ngram_kind=kind, ngram_n=n)
     ctx.console.print(f"n-gram store: {kind}, n = {n} (a fresh store)")
 
 
 def _filler(ctx: Context, arg: str) -> None:
-    k = parse_int(one_word(arg), "filler top-k", 0, 64)
+    k = parse_int(one_word(arg), "filler top-k")
     ctx.session.update_strategy(ngram_filler_top_k=k)
     ctx.console.print(f"n-gram filler top-k = {k}" + (" (off)" if k == 0 else ""))
 
@@ -319,14 +323,14 @@ def _lookup_ngram(ctx: Context, arg: str) -> None:
     words = arg.split()
     if len(words) not in (1, 2):
         raise UsageError("expected MAX [MIN]")
-    high = parse_int(words[0], "max n-gram", 1, 16)
-    low = parse_int(words[1], "min n-gram", 1, high) if len(words) == 2 else 1
+    high = parse_int(words[0], "max n-gram")
+    low = parse_int(words[1], "min n-gram") if len(words) == 2 else 1
     ctx.session.update_strategy(lookup_max_ngram=high, lookup_min_ngram=low)
     ctx.console.print(f"prompt lookup n-grams from {high} down to {low}")
 
 
 def _alternatives(ctx: Context, arg: str) -> None:
-    n = parse_int(one_word(arg), "draft alternatives", 0, 8)
+    n = parse_int(one_word(arg), "draft alternatives")
     ctx.session.update_strategy(draft_alternatives=n)
     ctx.console.print(f"draft alternatives = {n}" + (" (a chain)" if n == 0 else
                                                      f": the draft model's next {n} best tokens at each depth are "
@@ -334,20 +338,14 @@ def _alternatives(ctx: Context, arg: str) -> None:
 
 
 def _width(ctx: Context, arg: str) -> None:
-    n = parse_int(one_word(arg), "verify width", 2, 64)
+    n = parse_int(one_word(arg), "verify width")
     ctx.session.update_strategy(verify_width=n)
     ctx.console.print(f"verify width = {n}: a draft holds at most {n - 1} tokens with the draft model's alternatives "
                       "or prompt lookup's other copies (the chain itself is capped by gamma)")
 
 
 def _cumulative(ctx: Context, arg: str) -> None:
-    text = one_word(arg)
-    try:
-        p = float(text)
-    except ValueError:
-        raise UsageError(f"the cumulative threshold must be a number, got {text!r}") from None
-    if not 0 <= p < 1:
-        raise UsageError(f"the cumulative threshold must be in [0, 1), got {text}")
+    p = parse_float(one_word(arg), "the cumulative threshold")
     ctx.session.update_strategy(draft_cumulative=p)
     ctx.console.print(f"draft cumulative threshold = {p:g}" + (": the draft model always drafts gamma tokens" if p == 0
                       else ": the draft model stops once the product of its token probabilities falls below it"))
@@ -357,16 +355,16 @@ def _lookahead_params(ctx: Context, arg: str) -> None:
     words = arg.split()
     if len(words) != 3:
         raise UsageError("expected W N G")
-    window = parse_int(words[0], "window W", 1, 16)
-    ngram = parse_int(words[1], "n-gram size N", 2, 8)
-    candidates = parse_int(words[2], "candidates G", 1, 16)
+    window = parse_int(words[0], "window W")
+    ngram = parse_int(words[1], "n-gram size N")
+    candidates = parse_int(words[2], "candidates G")
     ctx.session.update_strategy(lookahead_window=window, lookahead_ngram=ngram, lookahead_candidates=candidates)
     ctx.console.print(f"lookahead: window W = {window}, n-gram size N = {ngram}, candidates G = {candidates} "
                       f"(up to {(window + candidates) * (ngram - 1)} tokens per forward)")
 
 
 def _beams(ctx: Context, arg: str) -> None:
-    n = parse_int(one_word(arg), "number of beams", 1, MAX_BEAMS)
+    n = parse_int(one_word(arg), "number of beams")
     ctx.session.update_strategy(num_beams=n)
     ctx.console.print(f"beams = {n}")
 
@@ -527,7 +525,11 @@ def dispatch(ctx: Context, line: str) -> Outcome:
         return Outcome.CONTINUE
     try:
         return command.handler(ctx, arg.strip()) or Outcome.CONTINUE
-    except ValueError as error:  # UsageError, and the engine's own checks (processor parameters, settings)
-        warn(ctx.console, f"/{command.name}: {error}  (usage: {command.usage})")
-        return Outcome.CONTINUE
+    except SettingError as error:  # a setting's own bounds, in this command's words
+        what = SETTING_WORDS.get(error.setting, error.setting)
+        message = f"{what} {error.requirement}, got {error.value!r}"
+    except ValueError as error:  # UsageError, and the engine's other checks
+        message = str(error)
+    warn(ctx.console, f"/{command.name}: {message}  (usage: {command.usage})")
+    return Outcome.CONTINUE
 

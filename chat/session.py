@@ -17,9 +17,11 @@ from typing import Iterator
 import torch
 from jinja2 import TemplateError
 
-from sampling.base import DecodeConfig, Round, Stats, Strategy
-from sampling.registry import NEEDS_DRAFTER, STRATEGIES, StrategySettings, build_strategy
+from sampling.base import MAX_SEED, DecodeConfig, Round, Stats, Strategy
+from sampling.registry import build_strategy
+from sampling.settings import NEEDS_DRAFTER, STRATEGIES, StrategySettings
 from utils.caching import CachedModel, common_prefix_length
+from utils.checks import integer
 from utils.logits_processor import GreedyProcessor, LogitsProcessor
 
 
@@ -74,8 +76,9 @@ class ChatSettings:
             raise ValueError(f"unknown strategy {unknown[0]!r}; choose from {', '.join(STRATEGIES)}")
         if len(set(self.strategies)) != len(self.strategies):
             raise ValueError("a strategy is listed twice")
-        if int(self.max_new_tokens) != self.max_new_tokens or self.max_new_tokens < 1:
-            raise ValueError(f"max new tokens must be an integer >= 1, got {self.max_new_tokens}")
+        integer("max_new_tokens", self.max_new_tokens, 1)
+        if self.seed is not None:
+            integer("seed", self.seed, 0, MAX_SEED)
 
 
 @dataclass

