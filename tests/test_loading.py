@@ -16,7 +16,7 @@ import torch
 from tokenizers import Tokenizer
 from tokenizers.models import WordLevel
 from tokenizers.pre_tokenizers import Whitespace
-from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
 from utils import devices, gguf, model_cache
 from utils.devices import cpuinfo_has_bf16, resolve_device, resolve_dtype
@@ -24,6 +24,8 @@ from utils.errors import REASON_CHARS, one_line
 from utils.loading import LoadedModel, load_model, load_pair
 from utils.model_cache import CacheLayout, is_complete
 from utils.presets import EMBEDDED, PRESETS, EmbeddedModel, ModelLoadError, Preset, default_cache_dir, resolve_preset
+from utils.int8 import Int8Linear
+from utils.prepack import PackedLinear
 from utils.quantize import resolve_quantize
 from utils.vocab import check_same_vocab, end_token_ids
 
@@ -95,34 +97,57 @@ def test_load_saved_directory_applies_dtype_device_and_eval(tiny_dir, dtype, exp
 
 
 def test_int8_replaces_linear_weights_and_keeps_the_prediction_close(tiny_dir):
-    dense = load_model(str(tiny_dir), device="cpu", dtype="float32", progress=False)
-    int8 = load_model(str(tiny_dir), device="cpu", dtype="float32", quantize="int8", progress=False)
+    dense = load_model(str(tiny_dir), device="cpu", dtype="bfloat16", progress=False)
+    int8 = load_model(str(tiny_dir), device="cpu", dtype="bfloat16", quantize="int8", progress=False)
     ids = torch.tensor([[5, 9, 12, 7]])
 
     with torch.inference_mode():
-        dense_logits, int8_logits = dense.model(ids).logits, int8.model(ids).logits
+        dense_logits, int8_logits = dense.model(ids).logits.float(), int8.model(ids).logits.float()
 
-    assert type(int8.model.model.layers[0].mlp.up_proj).__name__ == "QLinear"
-    assert torch.allclose(dense_logits, int8_logits, atol=0.05)
+    assert type(int8.model.model.layers[0].mlp.up_proj) is Int8Linear
+    assert torch.allclose(dense_logits, int8_logits, atol=0.1)
 
 
-@pytest.mark.parametrize("dtype, device, expected", [
-    (torch.bfloat16, "cpu", "int4"), (torch.float32, "cpu", "none"), (torch.float16, "cpu", "none"),
-    (torch.float16, "cuda", "int8"), (torch.bfloat16, "cuda", "int8"), (torch.float32, "cuda", "none"),
-    (torch.bfloat16, "mps", "none"),
+def test_low_bit_cpu_weights_bring_bfloat16_activations_when_the_dtype_is_auto(tiny_dir, monkeypatch):
+    monkeypatch.setattr(devices, "cpu_supports_bf16", lambda: False)  # the machine's own default: float32
+    int8 = load_model(str(tiny_dir), device="cpu", dtype="auto", quantize="int8", progress=False)
+    assert int8.quantize == "int8" and int8.model.dtype == torch.bfloat16
+    assert load_model(str(tiny_dir), device="cpu", dtype="auto", quantize="auto", progress=False).quantize == "int4"
+    with pytest.raises(ModelLoadError, match="int8 weights need bfloat16 activations"):
+        load_model(str(tiny_dir), device="cpu", dtype="float32", quantize="int8", progress=False)
+
+
+def test_a_float32_cpu_model_is_prepacked_and_predicts_as_before(tiny_dir):
+    loaded = load_model(str(tiny_dir), device="cpu", dtype="float32", progress=False)
+    assert type(loaded.model.model.layers[0].mlp.up_proj) is PackedLinear
+    assert type(loaded.model.lm_head) is PackedLinear
+    plain = AutoModelForCausalLM.from_pretrained(str(tiny_dir), dtype=torch.float32).eval()
+    ids = torch.tensor([[5, 9, 12, 7]])
+    with torch.inference_mode():
+        assert torch.allclose(loaded.model(ids).logits, plain(ids).logits, atol=1e-5)
+    bf16 = load_model(str(tiny_dir), device="cpu", dtype="bfloat16", progress=False)
+    assert type(bf16.model.lm_head) is torch.nn.Linear  # oneDNN packs float32 here
+
+
+@pytest.mark.parametrize("dtype, given, device, expected", [
+    (torch.bfloat16, True, "cpu", "int4"), (torch.float32, True, "cpu", "none"), (torch.float16, True, "cpu", "none"),
+    (torch.float32, False, "cpu", "int4"),
+    (torch.float16, True, "cuda", "int8"), (torch.bfloat16, True, "cuda", "int8"), (torch.float32, True, "cuda", "none"),
+    (torch.bfloat16, True, "mps", "none"),
 ])
-def test_auto_quantize_picks_the_low_bit_kernels_that_pay_off(dtype, device, expected):
-    assert resolve_quantize("auto", dtype, torch.device(device)) == expected
-    assert resolve_quantize("none", dtype, torch.device(device)) == "none"
-    assert resolve_quantize("int8", dtype, torch.device(device)) == "int8"
+def test_auto_quantize_picks_the_low_bit_kernels_that_pay_off(dtype, given, device, expected):
+    assert resolve_quantize("auto", dtype, torch.device(device), dtype_given=given) == expected
+    assert resolve_quantize("none", dtype, torch.device(device), dtype_given=given) == "none"
 
 
+@pytest.mark.parametrize("bits", ["int4", "int8"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.float64])
-def test_int4_without_bfloat16_activations_is_refused_with_the_fix(dtype):
-    with pytest.raises(ModelLoadError, match="int4 weights need bfloat16") as raised:
-        resolve_quantize("int4", dtype, torch.device("cpu"))
+def test_low_bit_cpu_weights_without_bfloat16_activations_are_refused_with_the_fix(bits, dtype):
+    with pytest.raises(ModelLoadError, match=f"{bits} weights need bfloat16") as raised:
+        resolve_quantize(bits, dtype, torch.device("cpu"))
     assert "--dtype bfloat16" in str(raised.value)
-    assert resolve_quantize("int4", torch.bfloat16, torch.device("cpu")) == "int4"
+    assert resolve_quantize(bits, torch.bfloat16, torch.device("cpu")) == bits
+    assert resolve_quantize(bits, dtype, torch.device("cpu"), dtype_given=False) == bits
 
 
 @pytest.mark.parametrize("device", ["cuda", "mps"])
@@ -159,14 +184,14 @@ def test_int4_packs_the_layers_its_kernel_takes_and_keeps_the_rest_dense(tmp_pat
 def test_auto_quantize_when_loading_records_what_was_applied(tiny_dir):
     fp32 = load_model(str(tiny_dir), device="cpu", dtype="float32", quantize="auto", progress=False)
     assert (fp32.quantize, fp32.label) == ("none", "tiny-llama")
-    assert type(fp32.model.model.layers[0].mlp.up_proj).__name__ == "Linear"
+    assert type(fp32.model.model.layers[0].mlp.up_proj) is PackedLinear  # dense float32: prepacked
 
 
 def test_an_int8_model_keeps_its_dense_weights_when_asked(tiny_dir):
     dense = load_model(str(tiny_dir), device="cpu", dtype="bfloat16", progress=False)
     int8 = load_model(str(tiny_dir), device="cpu", dtype="bfloat16", quantize="int8", keep_dense=True, progress=False)
-    assert type(int8.model.model.layers[0].mlp.up_proj).__name__ == "QLinear"
-    assert type(int8.dense.model.layers[0].mlp.up_proj).__name__ == "Linear"
+    assert type(int8.model.model.layers[0].mlp.up_proj) is Int8Linear
+    assert type(int8.dense.model.layers[0].mlp.up_proj) is torch.nn.Linear
     for (name, kept), (_, loaded) in zip(int8.dense.named_parameters(), dense.model.named_parameters()):
         assert torch.equal(kept, loaded), name
     assert load_model(str(tiny_dir), device="cpu", dtype="bfloat16", quantize="int8", progress=False).dense is None

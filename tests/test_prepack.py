@@ -36,6 +36,17 @@ def test_each_rows_result_is_the_same_bits_whatever_the_row_count():
     assert torch.equal(torch.cat([packed(x[i:i + 1]) for i in range(14)]), full)
 
 
+def test_a_packed_layer_copies_with_its_weights():
+    torch.manual_seed(0)
+    dense = nn.Linear(16, 8)
+    packed = PackedLinear(dense)
+    twin = copy.deepcopy(packed)
+    assert torch.equal(twin.dense_weight(), dense.weight) and torch.equal(twin.bias, dense.bias)
+    assert twin.bias is not packed.bias
+    x = torch.randn(3, 16)
+    assert torch.equal(twin(x), packed(x))
+
+
 def test_only_float32_cpu_weights_are_packed():
     with pytest.raises(ValueError, match="float32 on a CPU"):
         PackedLinear(nn.Linear(8, 8).to(torch.bfloat16))

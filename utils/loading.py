@@ -20,7 +20,9 @@ from utils.errors import one_line
 from utils.gguf import pip_install_command
 from utils.model_cache import embedded_hf_dir, gguf_file_hf_dir
 from utils.presets import EMBEDDED, ModelLoadError, default_cache_dir
-from utils.quantize import quantize_weights, resolve_quantize
+from utils.prepack import available as prepack_available
+from utils.prepack import prepack
+from utils.quantize import activation_dtype, quantize_weights, resolve_quantize
 from utils.vocab import check_same_vocab, end_token_ids
 
 
@@ -63,7 +65,8 @@ def load_model(
     `verify`: check the sha256 of every file of a converted copy (their sizes are checked on every load)."""
     torch_device = resolve_device(device)
     torch_dtype = resolve_dtype(dtype, torch_device)
-    quantize = resolve_quantize(quantize, torch_dtype, torch_device)
+    quantize = resolve_quantize(quantize, torch_dtype, torch_device, dtype_given=dtype.strip().lower() != "auto")
+    torch_dtype = activation_dtype(quantize, torch_dtype, torch_device)
     cache_root = Path(cache_dir) if cache_dir is not None else default_cache_dir()
     with _transformers_progress(progress):
         source = _resolve_source(spec, cache_root, progress, verify)
@@ -74,6 +77,9 @@ def load_model(
     if quantize != "none":
         dense = copy.deepcopy(model) if keep_dense else None
         quantize_weights(model, quantize)
+    for weights in (model, dense) if quantize == "none" else (dense,):
+        if weights is not None and torch_dtype == torch.float32 and torch_device.type == "cpu" and prepack_available():
+            prepack(weights)  # the same float32 weights, in oneDNN's layout: a verify of a few tokens costs about one
     return LoadedModel(model=model, tokenizer=tokenizer, name=source.name, source=source.location, quantize=quantize,
                        dense=dense)
 

@@ -35,6 +35,19 @@ class PackedLinear(nn.Module):
     def forward(self, x: Tensor) -> Tensor:
         return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [], "")
 
+    def dense_weight(self) -> Tensor:
+        """The weight in its plain (out, in) layout."""
+        return self.packed.to_dense()
+
+    def __deepcopy__(self, memo: dict) -> PackedLinear:
+        # a packed tensor has no storage to copy: repack a plain copy of the weight
+        plain = nn.Linear(self.in_features, self.out_features, bias=self.bias is not None)
+        with torch.no_grad():
+            plain.weight.copy_(self.dense_weight())
+            if self.bias is not None:
+                plain.bias.copy_(self.bias)
+        return PackedLinear(plain)
+
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}"
 

@@ -6,33 +6,48 @@ import torch
 from transformers import PreTrainedModel
 
 from utils.int4 import to_int4
+from utils.int8 import to_int8
 from utils.presets import QUANTIZE_CHOICES, ModelLoadError
 
 
-def resolve_quantize(quantize: str, dtype: torch.dtype, device: torch.device) -> str:
-    """ "none", "int8" or "int4". "auto": int4 on a bfloat16 CPU, int8 with 16-bit activations on CUDA (low-bit
-    weights cut the bytes a one-token forward reads), none otherwise (float32 activations make quanto's low-bit
-    paths far slower). int4 runs on torch's packed int4 CPU kernel, which takes bfloat16 activations only."""
+LOW_BIT_CPU = ("int4", "int8")  # torch's packed CPU kernels, which take bfloat16 activations
+
+
+def resolve_quantize(quantize: str, dtype: torch.dtype, device: torch.device, dtype_given: bool = True) -> str:
+    """ "none", "int8" or "int4". On a CPU both run on torch's packed kernels with bfloat16 activations, whatever the
+    CPU (low-bit weights cut the bytes a decode step reads); on CUDA int8 is optimum-quanto's. "auto": int4 on a CPU
+    (none where another dtype than bfloat16 was asked for by name: float32 for exact comparisons), int8 with 16-bit activations on CUDA.
+    `dtype_given`: False when `dtype` is the machine's default rather than the user's choice; low-bit CPU weights then
+    bring their own bfloat16 activations (`activation_dtype`)."""
     if quantize not in QUANTIZE_CHOICES:
         raise ModelLoadError(f"Unknown quantize {quantize!r}; use one of: {', '.join(QUANTIZE_CHOICES)}.")
     if quantize == "int4" and device.type != "cpu":
         raise ModelLoadError(f"int4 weights run on torch's packed int4 CPU kernel, not on {device.type}. "
                              f"Fix: use int8, or add --device cpu.")
-    if quantize == "int4" and dtype != torch.bfloat16:
-        raise ModelLoadError(f"int4 weights need bfloat16 activations (torch's packed int4 CPU kernel), not "
-                             f"{str(dtype).removeprefix('torch.')}. Fix: add --dtype bfloat16, or use int8.")
-    if quantize != "auto":
-        return quantize
-    if device.type == "cpu":
-        return "int4" if dtype == torch.bfloat16 else "none"
-    return "int8" if device.type == "cuda" and dtype in (torch.bfloat16, torch.float16) else "none"
+    if quantize == "auto":
+        if device.type == "cpu":
+            quantize = "int4" if not dtype_given or dtype == torch.bfloat16 else "none"
+        else:
+            return "int8" if device.type == "cuda" and dtype in (torch.bfloat16, torch.float16) else "none"
+    if quantize in LOW_BIT_CPU and device.type == "cpu" and dtype_given and dtype != torch.bfloat16:
+        raise ModelLoadError(f"{quantize} weights need bfloat16 activations (torch's packed {quantize} CPU kernel), not "
+                             f"{str(dtype).removeprefix('torch.')}. Fix: add --dtype bfloat16 (or auto), or use none.")
+    return quantize
+
+
+def activation_dtype(quantize: str, dtype: torch.dtype, device: torch.device) -> torch.dtype:
+    """The dtype a model with these weights computes in: bfloat16 for low-bit CPU weights, else `dtype`."""
+    return torch.bfloat16 if quantize in LOW_BIT_CPU and device.type == "cpu" else dtype
 
 
 def quantize_weights(model: PreTrainedModel, quantize: str) -> None:
-    """Give `model` int8 weights (optimum-quanto) or int4 ones (`utils.int4`) in place; activations keep its dtype.
+    """Give `model` int8 weights (`utils.int8` on a CPU, optimum-quanto elsewhere) or int4 ones (`utils.int4`) in
+    place; activations keep its dtype.
 
     int4 covers the linear layers of the packed kernel's shapes (`utils.int4.fits`); the others stay dense."""
-    if quantize == "int8":
+    if quantize == "int8" and next(model.parameters()).device.type == "cpu":
+        to_int8(model)
+    elif quantize == "int8":
         from optimum.quanto import freeze, qint8, quantize as quanto_quantize  # why: slow import
 
         quanto_quantize(model, weights=qint8)
