@@ -71,15 +71,6 @@ class ChatApp:
         settings = self.session.settings
         strategies = settings.strategies if self.compare else settings.strategies[:1]
         view = ConsoleView(self.console, self.session.tokenizer, self.session.end_ids, self.debug)
-        if self.session.compiling:
-            try:
-                with self.console.status("the drafter's one-token step is still compiling (once per start; "
-                                         "--no-compile skips it) …"):
-                    self.session.wait_for_compile()
-            except KeyboardInterrupt:
-                warn(self.console, "the prompt was not run: the drafter is still compiling (it goes on in the "
-                                   "background)")
-                return None
         try:
             turn = run_turn(self.session, text, view, strategies)
         except ContextOverflow as error:

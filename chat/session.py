@@ -10,7 +10,7 @@ the turn the drafter just saw, and it would prefill the whole conversation again
 
 from __future__ import annotations
 
-import threading
+import contextlib
 from dataclasses import dataclass, field, replace
 from typing import Iterator
 
@@ -20,6 +20,7 @@ from jinja2 import TemplateError
 from sampling.base import MAX_SEED, DecodeConfig, Round, Stats, Strategy
 from sampling.registry import build_strategy
 from sampling.settings import NEEDS_DRAFTER, STRATEGIES, StrategySettings
+from utils.background import PausableThread
 from utils.caching import CachedModel, common_prefix_length
 from utils.checks import integer
 from utils.logits_processor import GreedyProcessor, LogitsProcessor
@@ -129,40 +130,42 @@ class ChatSession:
         self._strategies: dict[str, Strategy] = {}
         self._reuse: dict[int, int] = {}
         self.compile_status: str | None = None  # the drafter's compiled one-token step: None (not asked) or its state
-        self._compile_thread: threading.Thread | None = None
+        self._compile: PausableThread | None = None
         self.configure(settings)
 
     @property
     def compiling(self) -> bool:
         return self.compile_status == COMPILING
 
-    def compile_drafter(self) -> threading.Thread | None:
+    def compile_drafter(self) -> PausableThread | None:
         """Compile the drafter's one-token forward on a background thread (`CachedModel.compile_step`); the drafter
-        switches once the graph is ready, `compile_status` says how it went. A turn run meanwhile crawls: the chat
-        waits for it first (`wait_for_compile`)."""
+        switches once the graph is ready, `compile_status` says how it went. A turn holds the compile while it runs
+        (`compile_paused`) and decodes with the eager step meanwhile: beside a decode, the compile would make it crawl."""
         if self.drafter is None:
             return None
         self.compile_status = COMPILING
+        drafter = self.drafter
 
         def work():
             try:
-                seconds = self.drafter.compile_step()
+                seconds = drafter.compile_step(workers=1)  # one worker: a pause holds all of the compile
             except Exception as error:  # noqa: BLE001 (any failure leaves the drafter eager; the reason is shown)
                 reason = next(iter(str(error).strip().splitlines()), "")
                 self.compile_status = f"not compiled ({type(error).__name__}: {reason})"
             else:
-                self.compile_status = f"compiled in {seconds:.0f} s"
+                self.compile_status = f"compiled (ready after {seconds:.0f} s)"
 
-        thread = threading.Thread(target=work, name="compile-drafter", daemon=True)
-        thread.start()
-        self._compile_thread = thread
-        return thread
+        self._compile = PausableThread(work, "compile-drafter").start()
+        return self._compile
+
+    def compile_paused(self) -> contextlib.AbstractContextManager:
+        """Hold a background compile while the block runs (a turn: its timings then compare with later turns')."""
+        return self._compile.paused() if self._compile is not None else contextlib.nullcontext()
 
     def wait_for_compile(self) -> None:
-        """Block until a background compile ends (a turn run meanwhile would crawl: the compile holds the CPU and
-        much of the time the interpreter lock too)."""
-        if self._compile_thread is not None:
-            self._compile_thread.join()
+        """Block until a background compile ends."""
+        if self._compile is not None:
+            self._compile.join()
 
     def warm_up(self) -> None:
         """A small prefill and one decode step per model, so that the first strategy measured in a comparison does

@@ -92,13 +92,10 @@ def run_turn(session: ChatSession, text: str, view: View, strategies: tuple[str,
         view.notice(f"the conversation outgrew the context ({session.context_limit} prompt tokens): dropped the "
                     f"{plan.dropped_turns} oldest turn{'s' * (plan.dropped_turns > 1)} at once{kept}, down to "
                     f"{len(plan.ids)} tokens, so the rest stays cached for the turns ahead")
-    if session.compiling:
-        view.notice("the drafter's step is still compiling in the background: this turn shares the CPU with it, so its "
-                    "timings and speedups do not compare")
     session.begin(plan)
     view.begin(plan)
     turn = Turn(text, plan)
-    with CtrlC() as ctrl_c:
+    with CtrlC() as ctrl_c, session.compile_paused():
         try:
             for name in strategies or session.settings.strategies:
                 run = Run(name)

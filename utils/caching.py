@@ -14,6 +14,8 @@ import torch
 from torch import Tensor
 from transformers import DynamicCache
 
+from utils.prepack import is_prepacked
+
 
 def crop(cache: DynamicCache, length: int) -> None:
     """Roll `cache` back to an absolute `length` tokens; cropping to the current length is a no-op."""
@@ -116,7 +118,7 @@ class CachedModel:
         logits = out.logits[0, -keep:]
         return logits if logits.dtype == torch.float64 else logits.float()
 
-    def compile_step(self) -> float:
+    def compile_step(self, workers: int | None = None) -> float:
         """Compile `model` for one-token forwards (torch.compile, the context length dynamic) and hand them to it.
 
         A one-token forward of a small model on a CPU spends a large share of its time in Python and operator
@@ -125,13 +127,18 @@ class CachedModel:
         it runs on a scratch cache of its own, so it may run on another thread while this model decodes, and
         `step_model` is set only once both graphs it needs (the cache grown by a forward, and cropped) are built.
         Errors (no C++ compiler, an unsupported model) propagate and leave the model as it was. Returns the seconds it
-        took.
+        took. `workers`: inductor's parallel compile processes (None: its default).
         """
+        if is_prepacked(self.model):
+            raise ValueError("its float32 weights are oneDNN-prepacked, which torch.compile cannot lower")
         started = time.perf_counter()
         step = torch.compile(self.model, dynamic=True)
         scratch = CachedModel(self.model)
         scratch.step_model = step
-        with torch.inference_mode():
+        from torch._inductor import config as inductor_config  # loads with torch.compile: not before it is needed
+
+        workers_config = inductor_config.patch(compile_threads=workers) if workers else contextlib.nullcontext()
+        with torch.inference_mode(), workers_config:
             scratch.forward([0, 0, 0])
             scratch.forward([0])
             scratch.forward([0])

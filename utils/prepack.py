@@ -52,6 +52,10 @@ class PackedLinear(nn.Module):
         return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}"
 
 
+def is_prepacked(model: nn.Module) -> bool:
+    return any(isinstance(module, PackedLinear) for module in model.modules())
+
+
 def prepack(model: nn.Module) -> int:
     """Replace, in place, every float32 CPU linear layer by a `PackedLinear`; how many were replaced."""
     if not available():
