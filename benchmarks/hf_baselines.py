@@ -23,8 +23,8 @@ import torch
 from transformers import GenerationConfig
 from transformers.generation.streamers import BaseStreamer
 
-from benchmarks.contestants import Contestant, Generation
-from sampling.base import DecodeConfig, clip
+from benchmarks.contestants import Contestant
+from sampling.base import DecodeConfig, Result, Stats, clip
 from utils.logits_processor import LogitsProcessor
 from utils.presets import ModelLoadError
 from utils.quantize import quantize_weights, resolve_quantize
@@ -112,7 +112,7 @@ class HFBaseline(Contestant):
                 "max_new_tokens": config.max_new_tokens, "eos_token_id": list(config.end_ids),
                 "pad_token_id": self.pad_token_id, **sampling_kwargs(config.processor), **self.extra_kwargs}
 
-    def run(self, prompt_ids: list[int], config: DecodeConfig) -> Generation:
+    def run(self, prompt_ids: list[int], config: DecodeConfig) -> Result:
         kwargs = self.generate_kwargs(prompt_ids, config)
         streamer = TimingStreamer()
         assistant = self.extra_kwargs.get("assistant_model")
@@ -126,8 +126,9 @@ class HFBaseline(Contestant):
             total = time.perf_counter() - start
         tokens, finished = clip(out[0, len(prompt_ids):].tolist(), config.end_ids, config.max_new_tokens)
         first = streamer.times[0] - start if streamer.times else total
-        return Generation(token_ids=tokens, finished=finished, time_to_first_token=first, total_time=total,
-                          rounds=len(streamer.sizes), tokens_by_round=streamer.sizes)
+        # generate exposes no draft counts: they are None
+        stats = Stats.measured(len(tokens), len(streamer.sizes), first, total, tokens_by_round=streamer.sizes)
+        return Result(token_ids=tokens, finished=finished, stats=stats)
 
     def describe(self) -> dict:
         shown = {k: (self.assistant_name if k == "assistant_model" else type(v).__name__ if "tokenizer" in k else v)

@@ -16,8 +16,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from benchmarks.contestants import Contestant, Generation
-from sampling.base import DecodeConfig
+from benchmarks.contestants import Contestant
+from sampling.base import DecodeConfig, Result, Stats
 
 LLAMACPP = ("llamacpp", "llamacpp_speculative")
 REQUIREMENTS = Path(__file__).resolve().parent.parent / "requirements-llamacpp.txt"
@@ -102,7 +102,7 @@ class LlamaCpp(Contestant):
         return [str(self.executable), *common, "-md", str(self.drafter_gguf), "-td", str(self.threads),
                 "--spec-draft-n-max", str(self.draft_max)]
 
-    def run(self, prompt_ids: list[int], config: DecodeConfig) -> Generation:
+    def run(self, prompt_ids: list[int], config: DecodeConfig) -> Result:
         prompt = self.render(prompt_ids)
         with tempfile.NamedTemporaryFile("w", suffix=".txt", encoding="utf-8") as handle:
             handle.write(prompt)
@@ -123,9 +123,9 @@ class LlamaCpp(Contestant):
             ids = ids + [self.end_ids[0]]  # it stopped on an end token, which it does not print: counted as ours
         ids = ids[: config.max_new_tokens]
         total = timings.prompt_seconds + timings.generate_seconds
-        return Generation(token_ids=ids, finished=finished, time_to_first_token=timings.prompt_seconds,
-                          total_time=total, rounds=timings.generated, drafted=timings.drafted,
-                          accepted=timings.accepted)
+        stats = Stats.measured(len(ids), timings.generated, timings.prompt_seconds, total, drafted=timings.drafted,
+                               accepted=timings.accepted)
+        return Result(token_ids=ids, finished=finished, stats=stats)
 
     def describe(self) -> dict:
         return {"name": self.name, "kind": self.kind, "binary": self.executable.name, "version": version(),

@@ -1,8 +1,8 @@
 """Aggregates and outputs: per strategy and category summaries, a rich table, markdown, a PNG plot, the JSON file.
 
-Rates are ratios of sums (all tokens over all seconds of a group), as in SpecBench. `speedup` uses total time (the
-prompt's prefill included: what a user waits for); `decode_speedup` leaves the time to first token out; the
-analytic bound models decode rounds, so `efficiency` = decode_speedup / bound.
+Rates are ratios of sums (`Stats.combine`: all tokens over all seconds of a group), as in SpecBench. `speedup` uses
+total time (the prompt's prefill included: what a user waits for); `decode_speedup` leaves the time to first token
+out; the analytic bound models decode rounds, so `efficiency` = decode_speedup / bound.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ import torch
 from benchmarks.analytic import alpha_from_counts, speedup_bound
 from benchmarks.costs import ForwardCosts
 from benchmarks.runner import REFERENCE
+from sampling.base import DRAFT_COUNTS, Stats
 
 HF_REFERENCE = "hf_generate"
 ALL = "all"
@@ -64,45 +65,35 @@ def _group(measurements: list[dict], costs: ForwardCosts | None, gammas: dict[st
 
 
 def _stats(ms: list[dict]) -> dict:
-    tokens = sum(m["new_tokens"] for m in ms)
-    total = sum(m["total_time"] for m in ms)
-    decode = sum(m["decode_time"] for m in ms)
-    rounds = sum(m["rounds"] for m in ms)
-    drafts = all(m["drafted"] is not None for m in ms)
-    drafted = sum(m["drafted"] for m in ms) if drafts else None
-    accepted = sum(m["accepted"] for m in ms) if drafts else None
-    tested = sum(m["tested"] for m in ms) if drafts else None
+    s = Stats.combine(_measured(m) for m in ms)
+    drafts = s.drafted is not None
     compared = [m["identical_to_autoregressive"] for m in ms if m["identical_to_autoregressive"] is not None]
     return {
-        "runs": len(ms),
-        "new_tokens": tokens,
-        "total_time": total,
-        "decode_time": decode,
-        "tokens_per_second": tokens / total if total > 0 else 0.0,
-        "decode_tokens_per_second": sum(max(m["new_tokens"] - 1, 0) for m in ms) / decode if decode > 0 else 0.0,
-        "mean_time_to_first_token": sum(m["time_to_first_token"] for m in ms) / len(ms) if ms else 0.0,
-        "rounds": rounds,
-        "mean_tokens_per_round": tokens / rounds if rounds else 0.0,
-        "drafter_forwards": sum(m.get("drafter_forwards") or 0 for m in ms),
-        "drafted": drafted,
-        "accepted": accepted,
-        "tested": tested,
-        "acceptance_rate": accepted / drafted if drafted else None,
-        "alpha": alpha_from_counts(accepted, tested) if drafts else None,
-        "acceptance_by_position": _by_position(ms) if drafts else None,
+        "runs": s.runs,
+        "new_tokens": s.new_tokens,
+        "total_time": s.total_time,
+        "decode_time": s.decode_time,
+        "tokens_per_second": s.tokens_per_second,
+        "decode_tokens_per_second": s.decode_tokens_per_second,
+        "mean_time_to_first_token": s.mean_time_to_first_token,
+        "rounds": s.rounds,
+        "mean_tokens_per_round": s.mean_tokens_per_round,
+        "drafter_forwards": s.drafter_forwards or 0,
+        "drafted": s.drafted,
+        "accepted": s.accepted,
+        "tested": s.tested,
+        "acceptance_rate": s.acceptance_rate if s.drafted else None,
+        "alpha": alpha_from_counts(s.accepted, s.tested) if drafts and s.tested is not None else None,
+        "acceptance_by_position": s.acceptance_by_position if drafts else None,
         "identical": sum(compared) if compared else None,
         "compared": len(compared) if compared else None,
     }
 
 
-def _by_position(ms: list[dict]) -> list[float]:
-    length = max((len(m["drafted_by_position"]) for m in ms), default=0)
-    drafted, accepted = [0] * length, [0] * length
-    for m in ms:
-        for i, (d, a) in enumerate(zip(m["drafted_by_position"], m["accepted_by_position"])):
-            drafted[i] += d
-            accepted[i] += a
-    return [a / d if d else 0.0 for a, d in zip(accepted, drafted)]
+def _measured(m: dict) -> Stats:
+    """One measurement's stats, as the run recorded them (a draft count it did not record is None)."""
+    return Stats.measured(m["new_tokens"], m["rounds"], m["time_to_first_token"], m["total_time"],
+                          m.get("tokens_by_round"), **{name: m.get(name) for name in DRAFT_COUNTS})
 
 
 def _ratio(a: float | None, b: float | None) -> float | None:

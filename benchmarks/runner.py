@@ -22,9 +22,9 @@ from typing import Callable
 
 from tqdm import tqdm
 
-from benchmarks.contestants import Contestant, Generation
+from benchmarks.contestants import Contestant
 from benchmarks.prompts import Prompt
-from sampling.base import DecodeConfig
+from sampling.base import DecodeConfig, Result
 
 REFERENCE = "autoregressive"
 
@@ -160,8 +160,8 @@ def _warm_up(prompts: list[Prompt], contestants: list[Contestant], encoder: Enco
 
 
 def _record(prompt: Prompt, turn: int, prompt_tokens: int, contestant: Contestant, position: int,
-            g: Generation, reference: Generation, config: DecodeConfig, encoder: Encoder) -> dict:
-    n = len(g.token_ids)
+            g: Result, reference: Result, config: DecodeConfig, encoder: Encoder) -> dict:
+    s = g.stats
     greedy = config.processor.is_greedy
     difference = first_difference(g.token_ids, reference.token_ids) if greedy else None
     return {
@@ -172,23 +172,23 @@ def _record(prompt: Prompt, turn: int, prompt_tokens: int, contestant: Contestan
         "kind": contestant.kind,
         "order": position,
         "prompt_tokens": prompt_tokens,
-        "new_tokens": n,
+        "new_tokens": s.new_tokens,
         "finished": g.finished,
-        "time_to_first_token": g.time_to_first_token,
-        "decode_time": g.decode_time,
-        "total_time": g.total_time,
-        "tokens_per_second": n / g.total_time if g.total_time > 0 else 0.0,
-        "decode_tokens_per_second": (n - 1) / g.decode_time if n > 1 and g.decode_time > 0 else 0.0,
-        "rounds": g.rounds,
-        "mean_tokens_per_round": n / g.rounds if g.rounds else 0.0,
-        "tokens_by_round": g.tokens_by_round,
-        "drafted": g.drafted,
-        "accepted": g.accepted,
-        "tested": g.tested,
-        "drafted_by_position": g.drafted_by_position,
-        "accepted_by_position": g.accepted_by_position,
-        "target_forwards": g.target_forwards,
-        "drafter_forwards": g.drafter_forwards,
+        "time_to_first_token": s.time_to_first_token,
+        "decode_time": s.decode_time,
+        "total_time": s.total_time,
+        "tokens_per_second": s.tokens_per_second,
+        "decode_tokens_per_second": s.decode_tokens_per_second,
+        "rounds": s.rounds,
+        "mean_tokens_per_round": s.mean_tokens_per_round,
+        "tokens_by_round": s.tokens_by_round,
+        "drafted": s.drafted,
+        "accepted": s.accepted,
+        "tested": s.tested,
+        "drafted_by_position": s.drafted_by_position,
+        "accepted_by_position": s.accepted_by_position,
+        "target_forwards": s.target_forwards,
+        "drafter_forwards": s.drafter_forwards,
         "identical_to_autoregressive": (difference is None) if greedy else None,
         "first_difference": difference,
         "token_ids": g.token_ids,

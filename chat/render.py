@@ -171,15 +171,13 @@ def detail_table(rows: list[ComparisonRow]) -> Table:
     return table
 
 
-def session_totals(turns: list[Turn]) -> dict[str, tuple[int, int, float]]:
-    """Per strategy: turns, tokens and seconds over `turns`."""
-    totals: dict[str, tuple[int, int, float]] = {}
+def session_totals(turns: list[Turn]) -> dict[str, Stats]:
+    """Per strategy: its runs over `turns`, summed."""
+    runs: dict[str, list[Stats]] = {}
     for turn in turns:
         for run in turn.runs:
-            count, tokens, seconds = totals.get(run.strategy, (0, 0, 0.0))
-            stats = run.stats
-            totals[run.strategy] = (count + 1, tokens + stats.new_tokens, seconds + stats.total_time)
-    return totals
+            runs.setdefault(run.strategy, []).append(run.stats)
+    return {name: Stats.combine(stats) for name, stats in runs.items()}
 
 
 def totals_table(turns: list[Turn]) -> Table:
@@ -188,8 +186,9 @@ def totals_table(turns: list[Turn]) -> Table:
     for name, justify in (("strategy", "left"), ("turns", "right"), ("tokens", "right"), ("seconds", "right"),
                           ("tok/s", "right")):
         table.add_column(name, justify=justify)
-    for name, (count, tokens, seconds) in session_totals(turns).items():
-        table.add_row(name, str(count), str(tokens), f"{seconds:.2f}", f"{tokens / seconds:.1f}" if seconds else DASH)
+    for name, s in session_totals(turns).items():
+        table.add_row(name, str(s.runs), str(s.new_tokens), f"{s.total_time:.2f}",
+                      f"{s.tokens_per_second:.1f}" if s.total_time else DASH)
     return table
 
 

@@ -17,7 +17,7 @@ from typing import Iterator
 import torch
 from jinja2 import TemplateError
 
-from sampling.base import MAX_SEED, DecodeConfig, Round, Stats, Strategy
+from sampling.base import MAX_SEED, DecodeConfig, Result, Round, Stats, Strategy
 from sampling.registry import build_strategy
 from sampling.settings import NEEDS_DRAFTER, STRATEGIES, StrategySettings
 from utils.background import PausableThread
@@ -93,7 +93,7 @@ class Plan:
 
 @dataclass
 class Run:
-    """One strategy's answer to one prompt."""
+    """One strategy's answer to one prompt: the rounds streamed so far, read as a `Result`."""
 
     strategy: str
     rounds: list[Round] = field(default_factory=list)
@@ -101,19 +101,20 @@ class Run:
     error: str | None = None  # why it failed, where a turn goes on past a failed strategy (the one-shot mode)
 
     @property
+    def result(self) -> Result:
+        return Result.from_rounds(self.rounds)
+
+    @property
     def token_ids(self) -> list[int]:
-        return [t for r in self.rounds for t in r.tokens]
+        return self.result.token_ids
 
     @property
     def finished(self) -> bool:
-        return bool(self.rounds) and self.rounds[-1].finished
+        return self.result.finished
 
     @property
     def stats(self) -> Stats:
-        stats = Stats()
-        for r in self.rounds:
-            stats.add(r)
-        return stats
+        return self.result.stats
 
 
 class ChatSession:
@@ -215,7 +216,7 @@ class ChatSession:
     @property
     def context_length(self) -> int:
         """The shortest context of the models the enabled strategies use (the target's at most)."""
-        fed = [lm for name in self.settings.strategies for lm in fed_models(self._strategies[name])]
+        fed = [lm for name in self.settings.strategies for lm in self._strategies[name].models]
         return min([self.target.max_length] + [lm.max_length for lm in fed])
 
     @property
@@ -280,7 +281,7 @@ class ChatSession:
     def stream(self, name: str, plan: Plan) -> Iterator[Round]:
         """The rounds of strategy `name` on the planned prompt, from caches cropped back to the turn's start."""
         strategy = self._strategies[name]
-        for lm in fed_models(strategy):  # an interrupted forward leaves a cache empty (CachedModel resets it): min()
+        for lm in strategy.models:  # an interrupted forward leaves a cache empty (CachedModel resets it): min()
             lm.crop(min(len(lm.tokens), self._reuse.get(id(lm), 0)))
         return strategy.stream(plan.ids, self.decode_config())
 
@@ -304,21 +305,3 @@ class ChatSession:
     def _models(self) -> list[CachedModel]:
         return [self.target] + ([self.drafter] if self.drafter is not None else [])
 
-
-def fed_models(obj, depth: int = 3) -> list[CachedModel]:
-    """The cached models a strategy feeds: its own, its drafter's (found among the attributes of `sampling` objects,
-    so a new strategy or drafter is covered without a list to keep up to date)."""
-    if isinstance(obj, CachedModel):
-        return [obj]
-    if depth == 0:
-        return []
-    if isinstance(obj, dict):
-        children = list(obj.values())
-    elif isinstance(obj, (list, tuple)):
-        children = list(obj)
-    elif type(obj).__module__.startswith("sampling."):
-        children = list(vars(obj).values())
-    else:
-        return []
-    found = {id(lm): lm for child in children for lm in fed_models(child, depth - 1)}
-    return list(found.values())

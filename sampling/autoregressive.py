@@ -14,6 +14,10 @@ class Autoregressive(Strategy):
     def __init__(self, lm: CachedModel, name: str = "autoregressive"):
         self.lm, self.name = lm, name
 
+    @property
+    def models(self) -> list[CachedModel]:
+        return [self.lm]
+
     @torch.inference_mode()
     def stream(self, prompt_ids: list[int], config: DecodeConfig) -> Iterator[Round]:
         check_prompt(prompt_ids, self.lm.max_length)

@@ -9,7 +9,7 @@ import torch
 from transformers import DynamicCache
 
 from sampling.base import Clock, DecodeConfig, Round, Strategy, check_prompt
-from utils.caching import select_rows
+from utils.caching import CachedModel, select_rows
 
 
 def length_penalty(length: int, alpha: float) -> float:
@@ -44,6 +44,10 @@ class BeamSearch(Strategy):
         self.model, self.num_beams, self.top_k, self.alpha = model, int(num_beams), int(top_k), float(alpha)
         self.min_length, self.name = int(min_length), name
         self.device = next(model.parameters()).device
+
+    @property
+    def models(self) -> list[CachedModel]:
+        return []  # it feeds the bare model, with a cache of its own per call
 
     def _forward(self, input_ids: torch.Tensor, cache: DynamicCache, start: int) -> torch.Tensor:
         positions = torch.arange(start, start + input_ids.shape[1], device=self.device).expand(input_ids.shape[0], -1)

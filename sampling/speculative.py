@@ -20,6 +20,10 @@ class Speculative(Strategy):
             raise ValueError(f"gamma (draft length) must be an integer >= 1, got {gamma}")
         self.target, self.drafter, self.gamma, self.name = target, drafter, int(gamma), name
 
+    @property
+    def models(self) -> list[CachedModel]:
+        return list({id(lm): lm for lm in [self.target, *self.drafter.models]}.values())  # a drafter may be the target
+
     @torch.inference_mode()
     def stream(self, prompt_ids: list[int], config: DecodeConfig) -> Iterator[Round]:
         check_prompt(prompt_ids, self.target.max_length, self.drafter.max_length)
@@ -28,7 +32,6 @@ class Speculative(Strategy):
         limit = min(self.target.max_length, self.drafter.max_length)
         self.drafter.start(ids)
         while budget > 0 and len(ids) <= limit:  # the context full: a stop like the budget's (not finished)
-            drafter_forwards, pool_hits = self.drafter.forwards, self.drafter.pool_hits
             # 1. Draft: a chain or a tree; no deeper than the budget can take after the target's own token, nor than
             # the context has room for (the verify forward puts the deepest node at position len(ids) - 1 + depth).
             room = limit - len(ids)
@@ -45,8 +48,9 @@ class Speculative(Strategy):
             # 4. Roll back: the target's cache keeps every committed token but the last (a tree's path moved in place).
             self.target.keep(start, [start + i for i in path[: len(tokens) - 1]])
             self.drafter.feedback(ids, len(path), logits)
-            yield Round(tokens, draft.line(path), len(path), 1, self.drafter.forwards - drafter_forwards, clock(),
-                        finished, self.drafter.pool_hits - pool_hits)
+            yield Round(tokens, drafted=draft.line(path), accepted=len(path), target_forwards=1,
+                        drafter_forwards=draft.forwards, elapsed=clock(), finished=finished,
+                        extra=draft.extra(tokens[: len(path)]))
             if finished:
                 return
 

@@ -141,7 +141,7 @@ def test_hf_num_assistant_tokens_reaches_the_assistant(checkpoints):
     prompt = target.tokenizer.encode("def add(a, b):", add_special_tokens=False)
     plain, assisted = (b.run(prompt, config) for b in baselines)
     assert assisted.token_ids == plain.token_ids
-    assert assisted.tokens_by_round == [4, 4, 4]
+    assert assisted.stats.tokens_by_round == [4, 4, 4]
     assert same.model.generation_config.num_assistant_tokens != 3  # restored after the call
 
 

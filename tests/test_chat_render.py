@@ -5,8 +5,10 @@ from __future__ import annotations
 import pytest
 from rich.console import Console
 
-from chat.render import ComparisonRow, ConsoleView, Detokenizer, banner, comparison_table, speedup, stats_line, warn
-from chat.session import ChatSession, ChatSettings, ModelInfo
+from chat.render import (ComparisonRow, ConsoleView, Detokenizer, banner, comparison_table, session_totals, speedup,
+                         stats_line, totals_table, warn)
+from chat.session import ChatSession, ChatSettings, ModelInfo, Plan, Run
+from chat.turn import Turn
 from sampling.base import Round, Stats
 from tests.tiny_checkpoint import build_tokenizer, load_tiny_pair
 
@@ -121,6 +123,15 @@ def test_the_fastest_row_is_highlighted():
     fast = stats_of([Round([1, 2], elapsed=0.5)])
     table = comparison_table([ComparisonRow("autoregressive", slow), ComparisonRow("lookup", fast)])
     assert [row.style for row in table.rows] == [None, "bold green"]
+
+
+def test_session_totals_are_ratios_of_sums():
+    """/stats' session row sums every run of a strategy (Stats.combine): tokens/s is all tokens over all seconds."""
+    turns = [Turn("a", Plan([1]), [Run("lookup", [Round([1, 2, 3], elapsed=1.0)])]),
+             Turn("b", Plan([1]), [Run("lookup", [Round([4], elapsed=0.5), Round([5], elapsed=1.0)])])]
+    totals = session_totals(turns)["lookup"]
+    assert (totals.runs, totals.new_tokens, totals.total_time, totals.tokens_per_second) == (2, 5, 2.0, 2.5)
+    assert "2.5" in printed(totals_table(turns))
 
 
 MARKUP = ["[/]", "Wrap in [answer]…[/answer]", "[bold red]loud[/bold red]", "/:warning: :smile:"]

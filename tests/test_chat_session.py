@@ -15,7 +15,7 @@ from rich.console import Console
 from transformers import AutoModelForCausalLM
 
 from chat.oneshot import FAILED_EXIT, run_oneshot
-from chat.session import ChatSession, ChatSettings, Message, ModelInfo, fed_models
+from chat.session import ChatSession, ChatSettings, Message, ModelInfo
 from chat.turn import View, run_turn
 from sampling.registry import StrategySettings
 from tests.tiny_checkpoint import load_tiny_pair, save_tiny_checkpoint
@@ -130,12 +130,13 @@ def test_a_cache_is_cropped_only_before_strategies_that_feed_it(pair):
     assert fed[0] == len(second.plan.ids) - cached[0]
 
 
-def test_fed_models_finds_each_strategys_caches(pair):
-    session = make_session(pair, strategies=("speculative", "autoregressive", "drafter", "ngram", "beam"))
+def test_each_strategy_names_the_caches_it_feeds(pair):
+    session = make_session(pair, strategies=("speculative", "autoregressive", "drafter", "ngram", "beam", "auto",
+                                             "lookahead"))
     target, drafter = session.target, session.drafter
-    fed = {name: fed_models(session._strategies[name]) for name in session.settings.strategies}
+    fed = {name: session._strategies[name].models for name in session.settings.strategies}
     assert fed == {"speculative": [target, drafter], "autoregressive": [target], "drafter": [drafter],
-                   "ngram": [target], "beam": []}
+                   "ngram": [target], "beam": [], "auto": [target, drafter], "lookahead": [target]}
 
 
 def test_the_first_enabled_strategy_answers_into_the_history(pair):

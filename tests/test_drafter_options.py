@@ -39,6 +39,17 @@ def test_economies_keep_greedy_output(target_model, small_drafter_model, expecte
         assert result.stats.drafter_forwards < plain.stats.drafter_forwards
 
 
+def test_a_model_drafts_cost_is_in_its_draft(target_model, small_drafter_model):
+    """Each Draft carries the drafter forwards spent on it; the rounds' counts are theirs, and add up to the cache's."""
+    lm = CachedModel(small_drafter_model)
+    drafter = ModelDrafter(lm, 97, cumulative=0.3)
+    drafter.start(PROMPT)
+    draft = drafter.propose(PROMPT, 5, GreedyProcessor(), None)
+    assert 1 <= draft.forwards == lm.forwards <= 5  # a prefill, then one forward per token after the first
+    rounds = list(Speculative(CachedModel(target_model), drafter, 5).stream(PROMPT, CONFIG))
+    assert sum(r.drafter_forwards for r in rounds) == lm.forwards - draft.forwards
+
+
 def test_adaptive_length_grows_after_full_acceptance_and_shrinks_after_rejection(target_model, small_drafter_model):
     good = ModelDrafter(CachedModel(target_model), 97, adaptive=True)
     lengths = [len(r.drafted) for r in Speculative(CachedModel(target_model), good, 10).stream(PROMPT, CONFIG)]

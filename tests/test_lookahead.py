@@ -69,7 +69,7 @@ def test_greedy_lookahead_equals_greedy_autoregressive(target_model, reference, 
 def test_both_branches_are_accepted_from(target_model):
     """On the default shape both the pool's n-grams and the Jacobi window's own guesses get accepted."""
     stats = lookahead(target_model, DEFAULT).generate(PROMPT, DecodeConfig(max_new_tokens=MAX_NEW)).stats
-    assert 0 < stats.pool_hits < stats.accepted
+    assert 0 < stats.extra["pool_hits"] < stats.accepted
     assert stats.mean_tokens_per_round > 1.3
 
 
@@ -234,7 +234,7 @@ def test_lookahead_sampling_follows_the_target_distribution():
     for seed in range(RUNS):
         result = strategy.generate(TOY_PROMPT, DecodeConfig(max_new_tokens=LENGTH, processor=processor, seed=seed))
         samples.append(tuple(result.token_ids))
-        accepted, pool_hits = accepted + result.stats.accepted, pool_hits + result.stats.pool_hits
+        accepted, pool_hits = accepted + result.stats.accepted, pool_hits + result.stats.extra["pool_hits"]
     assert pool_hits > RUNS / 10 and accepted > pool_hits  # both branches were verified and accepted from
     stat, critical = chi_square_test(samples, exact_sequence_distribution(model, TOY_PROMPT, LENGTH, processor))
     assert stat <= critical, f"chi-square {stat:.1f} > {critical:.1f} (false alarm {FALSE_ALARM})"

@@ -5,6 +5,7 @@ import pytest
 import torch
 
 from sampling.base import DecodeConfig, Round, Stats, clip
+from sampling.drafters.base import Draft
 from sampling.drafters.ngram import NGramDrafter, NGramStore
 from sampling.drafters.prompt_lookup import PromptLookupDrafter
 from sampling.registry import STRATEGIES, StrategySettings, build_strategy
@@ -75,6 +76,50 @@ def test_stats_are_zero_safe_and_count_positions():
     assert stats.time_to_first_token == 0.5 and stats.tokens_per_second == 3.0
     assert stats.decode_tokens_per_second == pytest.approx(5 / 1.5)
     assert set(stats.as_dict()) >= {"acceptance_rate", "tokens_per_second", "acceptance_by_position"}
+
+
+def test_combined_stats_are_ratios_of_sums():
+    """Stats.combine is the one formula the benchmark's summaries and the chat's session totals use: rates over all
+    tokens and seconds; decode rates leave each generation's first token and its time out (an empty one adds none);
+    a count one generation lacks (None, as HF's) makes the sum None; position counts and drafters' own counts add."""
+    spec = Stats()
+    spec.add(Round([1, 2, 3], drafted=[1, 2, 9], accepted=2, elapsed=0.5, extra={"pool_hits": 2}))
+    spec.add(Round([4], drafted=[5], accepted=0, elapsed=1.0, extra={"pool_hits": 0}))
+    plain = Stats()
+    for i, t in enumerate((0.2, 0.4, 0.6, 1.0)):
+        plain.add(Round([i], elapsed=t))
+    both = Stats.combine([spec, plain, Stats()])
+    assert (both.runs, both.new_tokens, both.rounds, both.total_time) == (3, 8, 6, 2.0)
+    assert both.tokens_per_second == 4.0 and both.mean_tokens_per_round == pytest.approx(8 / 6)
+    assert both.decode_tokens_per_second == pytest.approx((3 + 3) / (0.5 + 0.8))
+    assert both.mean_time_to_first_token == pytest.approx(0.7 / 3)
+    assert both.acceptance_by_position == [0.5, 1.0, 0.0] and both.tested == spec.tested == 4
+    assert both.extra == {"pool_hits": 2} and both.tokens_by_round == [3, 1, 1, 1, 1, 1]
+    hf = Stats.measured(5, 2, 0.1, 0.5, tokens_by_round=[1, 4])
+    assert (hf.drafted, hf.acceptance_by_position, hf.decode_tokens_per_second) == (None, None, 10.0)
+    mixed = Stats.combine([spec, hf])
+    assert mixed.drafted is None and mixed.drafted_by_position is None and mixed.new_tokens == 9
+    with pytest.raises(ValueError, match="unknown count 'pool_hits'"):
+        Stats.measured(1, 1, 0.1, 0.1, pool_hits=1)
+
+
+def test_rounds_and_drafts_are_built_with_keywords():
+    """Only the tokens are positional: an 8-field positional Round (the loop's old one) is refused."""
+    with pytest.raises(TypeError):
+        Round([1, 2], [1], 1)
+    with pytest.raises(TypeError):
+        Draft([1, 2], None)
+
+
+def test_the_loop_takes_the_drafters_counts_from_its_drafts(target_model):
+    """A drafter reports its cost in the Draft it returns: the loop reads no counter off the drafter object."""
+
+    class Costly(PromptLookupDrafter):
+        def propose(self, ids, k, processor, generator):
+            return Draft(super().propose(ids, k, processor, generator).tokens, forwards=3)
+
+    result = Speculative(CachedModel(target_model), Costly(), 4).generate(PROMPT, DecodeConfig(max_new_tokens=12))
+    assert result.stats.drafter_forwards == 3 * result.stats.rounds and result.stats.extra == {}
 
 
 def test_clip_stops_at_the_earliest_end_and_the_budget():

@@ -4,24 +4,30 @@ then hear back what the target committed."""
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from dataclasses import dataclass
-from typing import Iterable
+from dataclasses import KW_ONLY, dataclass
+from typing import TYPE_CHECKING, Iterable
 
 import torch
 from torch import Tensor
 
 from utils.logits_processor import LogitsProcessor
 
+if TYPE_CHECKING:
+    from utils.caching import CachedModel
+
 
 @dataclass
 class Draft:
     """A chain of tokens, or a tree of them: with `parents`, token i follows token parents[i] (< i), or the last
-    committed token for -1, and the target verifies every path at once (`CachedModel.extend_tree`)."""
+    committed token for -1, and the target verifies every path at once (`CachedModel.extend_tree`). It also reports
+    what proposing it cost (`forwards`) and, through `extra`, any counts of the drafter's own."""
 
     tokens: list[int]
+    _: KW_ONLY
     q: Tensor | None = None  # (len(tokens), V) drafter probabilities; None: a deterministic draft (one-hot)
     parents: list[int] | None = None  # None: a chain, token i follows token i - 1
     kept: list[int] | None = None  # after `within` cut it: the proposed nodes that are left, in order
+    forwards: int = 0  # model forward passes spent proposing it (0 for drafters without a model)
 
     def __post_init__(self):
         if self.parents is not None and (self.q is not None or len(self.parents) != len(self.tokens)):
@@ -65,6 +71,10 @@ class Draft:
             last = self.parents[last]
         return path[::-1]
 
+    def extra(self, accepted: list[int]) -> dict[str, int]:
+        """The drafter's own counts for a round that committed the drafts `accepted` (none for most drafters)."""
+        return {}
+
     def line(self, path: list[int]) -> list[int]:
         """The tokens of the candidate that `path` belongs to: `path`, then first children down to a leaf."""
         if self.parents is None:
@@ -104,9 +114,12 @@ def check_tree_size(max_tree: int | None) -> int | None:
 
 class Drafter(ABC):
     name: str
-    forwards: int = 0  # model forward passes spent drafting (0 for drafters without a model)
-    pool_hits: int = 0  # accepted tokens that came from an n-gram pool, for drafters that have other sources too
     max_length: int = 1 << 31  # the longest context the drafter can take
+
+    @property
+    def models(self) -> list[CachedModel]:
+        """The cached models this drafter feeds (none for drafters without a model)."""
+        return []
 
     def start(self, prompt_ids: list[int]) -> None:
         """A new generation begins from `prompt_ids`."""

@@ -8,6 +8,7 @@ from torch import Tensor
 from sampling.drafters.base import Draft, Drafter
 from sampling.drafters.model import ModelDrafter
 from sampling.drafters.prompt_lookup import PromptLookupDrafter
+from utils.caching import CachedModel
 from utils.logits_processor import LogitsProcessor
 
 
@@ -25,8 +26,8 @@ class CombinedDrafter(Drafter):
         self.last: Drafter = model
 
     @property
-    def forwards(self) -> int:
-        return self.model.forwards
+    def models(self) -> list[CachedModel]:
+        return [*self.lookup.models, *self.model.models]
 
     @property
     def max_length(self) -> int:

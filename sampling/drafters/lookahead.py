@@ -22,6 +22,7 @@ verified; the window's own guesses are candidates too, for free, since the targe
 from __future__ import annotations
 
 import random
+from dataclasses import dataclass, field
 
 import torch
 from torch import Tensor
@@ -29,6 +30,18 @@ from torch import Tensor
 from sampling.drafters.base import Draft, trie
 from sampling.drafters.ngram import NGramDrafter
 from utils.logits_processor import LogitsProcessor
+
+
+@dataclass
+class LookaheadDraft(Draft):
+    """A lookahead draft remembers the pool's candidates in it, to count the drafts accepted from the pool."""
+
+    candidates: list[list[int]] = field(default_factory=list, kw_only=True)
+
+    def extra(self, accepted: list[int]) -> dict[str, int]:
+        """`pool_hits`: accepted drafts that a pool candidate proposed (rather than the Jacobi window alone)."""
+        hit = bool(accepted) and any(c[:len(accepted)] == accepted for c in self.candidates)
+        return {"pool_hits": len(accepted) if hit else 0}
 
 
 class LookaheadDrafter(NGramDrafter):
@@ -43,7 +56,6 @@ class LookaheadDrafter(NGramDrafter):
         super().__init__(ngram, "basic", reset_each_prompt=reset_each_prompt)
         self.window, self.ngram, self.num_candidates = int(window), int(ngram), int(candidates)
         self.rows: list[list[int]] = []
-        self.candidates: list[list[int]] = []
         self.draft: Draft | None = None  # the last one proposed
         self.top_nodes: list[int] | None = None  # its nodes of the window's top row (None: no window drafted)
         self.fill_from, self.random = [0], random.Random(0)
@@ -55,10 +67,10 @@ class LookaheadDrafter(NGramDrafter):
 
     def propose(self, ids: list[int], k: int, processor: LogitsProcessor, generator: torch.Generator | None) -> Draft:
         if k == 0:  # the budget takes only the target's own token
-            self.top_nodes, self.candidates = None, []
-            return Draft([])
-        self.candidates = self.store.continuations(ids, min(k, self.ngram - 1), self.num_candidates)
-        tokens, parents = trie(self.candidates)
+            self.top_nodes = None
+            return LookaheadDraft([])
+        candidates = self.store.continuations(ids, min(k, self.ngram - 1), self.num_candidates)
+        tokens, parents = trie(candidates)
         self.rows[0][0] = ids[-1]
         node = {(0, 0): -1}  # (row, column) -> tree node; row 0's column 0 is the root
         for l, row in enumerate(self.rows):
@@ -67,13 +79,10 @@ class LookaheadDrafter(NGramDrafter):
                 parents.append(node[l, j - 1] if l == 0 else node[l - 1, j])
                 tokens.append(row[j])
         self.top_nodes = [node[len(self.rows) - 1, j] for j in range(self.window)]
-        self.draft = Draft(tokens, parents=parents)
+        self.draft = LookaheadDraft(tokens, parents=parents, candidates=candidates)
         return self.draft
 
     def feedback(self, ids: list[int], accepted: int, target_logits: Tensor) -> None:
-        drafted = ids[self.seen:self.seen + accepted]
-        if drafted and any(c[:len(drafted)] == drafted for c in self.candidates):
-            self.pool_hits += len(drafted)
         super().feedback(ids, accepted, target_logits)  # the committed tokens go into the pool
         if self.top_nodes is None:
             return

@@ -52,8 +52,8 @@ class ModelDrafter(Drafter):
         self.proposed = 0
 
     @property
-    def forwards(self) -> int:
-        return self.lm.forwards
+    def models(self) -> list[CachedModel]:
+        return [self.lm]
 
     @property
     def max_length(self) -> int:
@@ -68,6 +68,7 @@ class ModelDrafter(Drafter):
             self.draft_length = k if self.draft_length is None else min(self.draft_length, k)
             k = self.draft_length
         tokens, probs, leaves = [], [], []  # leaves: (estimated chance of commit, depth, token), greedy only
+        forwards = self.lm.forwards
         whole = 1.0  # the drafter's estimate that every draft so far is accepted
         rated = self.confidence or self.cumulative or (self.alternatives and self.max_tree)
         logits = self.lm.extend(ids)  # (1, V_drafter)
@@ -94,8 +95,9 @@ class ModelDrafter(Drafter):
             leaves = sorted(sorted(leaves, key=lambda leaf: -leaf[0])[:room], key=lambda leaf: leaf[1])
         if leaves:  # the chain first (token i follows i - 1), then each alternative beside the chain's token
             parents = list(range(-1, len(tokens) - 1)) + [depth - 1 for _, depth, _ in leaves]
-            return Draft(tokens + [leaf for _, _, leaf in leaves], parents=parents)
-        return Draft(tokens, torch.cat(probs) if probs else None)
+            return Draft(tokens + [leaf for _, _, leaf in leaves], parents=parents,
+                         forwards=self.lm.forwards - forwards)
+        return Draft(tokens, q=torch.cat(probs) if probs else None, forwards=self.lm.forwards - forwards)
 
     def feedback(self, ids: list[int], accepted: int, target_logits: Tensor) -> None:
         if self.adaptive and self.draft_length is not None:
