@@ -177,6 +177,7 @@ def run(args: argparse.Namespace, chosen: Decoding, console: Console, errors: Co
     from chat.oneshot import run_oneshot
     from chat.session import ChatSession, ModelInfo
     from utils.loading import load_pair
+    from utils.prepack import is_prepacked
     from utils.presets import ModelLoadError, resolve_preset
 
     try:
@@ -199,11 +200,17 @@ def run(args: argparse.Namespace, chosen: Decoding, console: Console, errors: Co
         errors.print("the target's tokenizer has no chat template: raw completion", style="yellow")
     parameter = next(pair.target.model.parameters())
     info = ModelInfo(target=pair.target.label, drafter=pair.drafter.label if pair.drafter else None,
-                     dtype=str(parameter.dtype).removeprefix("torch."), device=str(parameter.device))
+                     dtype=str(parameter.dtype).removeprefix("torch."), device=str(parameter.device),
+                     target_format=pair.target.format, drafter_format=pair.drafter.format if pair.drafter else "")
     session = ChatSession(pair.target.tokenizer, pair.target.model, pair.drafter.model if pair.drafter else None,
                           pair.end_ids, settings, drafter_prefill_model=pair.drafter.dense if pair.drafter else None)
+    session.keep_settings = chosen.explicit
     session.warm_up()
-    compile_drafter = args.compile if args.compile is not None else not one_shot and parameter.device.type == "cpu"
+    if args.calibrate:
+        calibrate_session(session, pair, args.cache_dir, errors, quiet=args.json)
+    compile_drafter = args.compile if args.compile is not None else (
+        not one_shot and parameter.device.type == "cpu" and pair.drafter is not None
+        and not is_prepacked(pair.drafter.model))
     if compile_drafter and pair.drafter is not None:
         session.compile_drafter()
         if one_shot:  # one prompt: wait for the graph, or it would not be used
@@ -215,6 +222,21 @@ def run(args: argparse.Namespace, chosen: Decoding, console: Console, errors: Co
             raise InputError(str(error)) from None
     app = ChatApp(session, console, info, history_file(args.cache_dir), compare=not args.no_compare, debug=args.debug)
     return app.run()
+
+
+def calibrate_session(session, pair, cache_dir: Path | None, errors: Console, quiet: bool) -> None:
+    """The drafting settings for this machine's measured costs (timed once per machine, models and formats)."""
+    from utils.calibration import machine_key
+
+    device = next(pair.target.model.parameters()).device
+    key = machine_key(pair.target.label, pair.target.format, pair.drafter.label if pair.drafter else None,
+                      pair.drafter.format if pair.drafter else None, device)
+    status = contextlib.nullcontext() if quiet else errors.status("timing this machine's forwards (once) …")
+    with status:
+        tuning = session.calibrate(cache_dir or default_cache_dir(), key)
+    if tuning.measured and not quiet:
+        errors.print(f"calibrated in {tuning.calibration.seconds:.0f} s: "
+                     f"{tuning.summary(session.settings.strategy)}", style="dim", markup=False)
 
 
 def quiet_libraries() -> None:

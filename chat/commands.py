@@ -374,6 +374,12 @@ def _stats(ctx: Context, arg: str) -> None:
         raise UsageError("takes no argument")
     if ctx.session.compile_status:
         say(ctx.console, f"drafter step: {ctx.session.compile_status}")
+    tuning = ctx.session.tuning
+    if tuning:
+        say(ctx.console, f"drafting, calibrated for this machine ({tuning.calibration.measured}): "
+                         f"{tuning.summary(ctx.session.settings.strategy)}")
+        for reason in tuning.choice.reasons:
+            say(ctx.console, f"  {reason}")
     if not ctx.turns:
         ctx.console.print("no turns yet")
         return
@@ -381,6 +387,19 @@ def _stats(ctx: Context, arg: str) -> None:
     ctx.console.print(comparison_table(rows, ctx.session.settings.processor.is_greedy, title="last turn"))
     ctx.console.print(detail_table(rows))
     ctx.console.print(totals_table(ctx.turns))
+
+
+def _calibrate(ctx: Context, arg: str) -> None:
+    if arg:
+        raise UsageError("takes no argument")
+    session = ctx.session
+    if session.calibration_key is None or session.cache_dir is None:
+        raise UsageError("this session was started with --no-calibrate, so it has nothing to time against")
+    with ctx.console.status("timing this machine's forwards …"):
+        tuning = session.calibrate(session.cache_dir, session.calibration_key, again=True)
+    say(ctx.console, f"calibrated in {tuning.calibration.seconds:.0f} s: {tuning.summary(session.settings.strategy)}")
+    for reason in tuning.choice.reasons:
+        say(ctx.console, f"  {reason}")
 
 
 def _clear(ctx: Context, arg: str) -> None:
@@ -484,6 +503,9 @@ def build_commands(strategies: tuple[str, ...] = STRATEGIES) -> dict[str, Comman
         Command("beams", _beams, "/beams N", "beam search width",
                 lambda ctx: str(s(ctx).strategy.num_beams)),
         Command("stats", _stats, "/stats", "the last turn in detail, and session totals"),
+        Command("calibrate", _calibrate, "/calibrate",
+                "time this machine's forwards again and choose gamma, the verify width, the alternatives and the "
+                "cumulative stop from them (settings given as flags stay)"),
         Command("clear", _clear, "/clear", "clear the screen"),
         Command("save", _save, f"/save FILE [{FORCE}]",
                 f"save the transcript (FILE.json: JSON, otherwise markdown); {FORCE} replaces an existing file"),

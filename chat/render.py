@@ -218,12 +218,15 @@ def banner(info: ModelInfo, session: ChatSession, compare: bool) -> Panel:
     grid.add_column(style="bold")
     grid.add_column()
     rows = {
-        "target": info.target,
-        "drafter": (info.drafter or "none") + (f" · step {session.compile_status}" if session.compile_status else ""),
-        "dtype · device": f"{info.dtype} · {info.device}",
+        "target": info.target + (f" · {info.target_format}" if info.target_format else ""),
+        "drafter": (info.drafter or "none") + (f" · {info.drafter_format}" if info.drafter_format else "")
+                   + (f" · step {session.compile_status}" if session.compile_status else ""),
+        "device": info.device,
+        "drafting": (f"calibrated for this machine: {session.tuning.summary(settings.strategy)} (/stats: why)"
+                     if session.tuning else f"not calibrated: gamma {settings.strategy.gamma}, verify width "
+                                            f"{settings.strategy.verify_width} (/calibrate)"),
         "strategies": running(settings.strategies, compare),
-        "sampling": f"{describe_processor(settings.processor)} · up to {settings.max_new_tokens} new tokens · "
-                    f"gamma {settings.strategy.gamma}",
+        "sampling": f"{describe_processor(settings.processor)} · up to {settings.max_new_tokens} new tokens",
         "chat": "template" + (f" · system: {settings.system}" if settings.system else "")
                 if session.uses_template else "raw completion (no template)",
     }

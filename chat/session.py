@@ -11,6 +11,7 @@ the turn the drafter just saw, and it would prefill the whole conversation again
 from __future__ import annotations
 
 import contextlib
+from pathlib import Path
 from dataclasses import dataclass, field, replace
 from typing import Iterator
 
@@ -19,9 +20,10 @@ from jinja2 import TemplateError
 
 from sampling.base import MAX_SEED, DecodeConfig, Result, Round, Stats, Strategy
 from sampling.registry import build_strategy
-from sampling.settings import NEEDS_DRAFTER, STRATEGIES, StrategySettings
+from sampling.settings import CALIBRATED, NEEDS_DRAFTER, STRATEGIES, StrategySettings
 from utils.background import PausableThread
 from utils.caching import CachedModel, common_prefix_length
+from utils.calibration import Calibration, Choice, calibrate, choose
 from utils.checks import integer
 from utils.logits_processor import GreedyProcessor, LogitsProcessor
 
@@ -50,6 +52,25 @@ class ModelInfo:
     drafter: str | None
     dtype: str
     device: str
+    target_format: str = ""  # "float32, oneDNN-prepacked", "int4 weights, bfloat16 activations", ...
+    drafter_format: str = ""
+
+
+@dataclass(frozen=True)
+class Tuning:
+    """A calibration applied to the session: the timings, the settings they called for, and why."""
+
+    choice: Choice
+    calibration: Calibration
+    measured: bool  # timed now (False: the timings kept for this machine were read)
+    kept: tuple[str, ...]  # calibrated settings the user had chosen, left as they were
+
+    def summary(self, settings: StrategySettings) -> str:
+        s = settings
+        alternatives = f"{s.draft_alternatives} alternatives" if s.draft_alternatives else "no alternatives"
+        kept = f" (kept as set: {', '.join(self.kept)})" if self.kept else ""
+        return (f"gamma {s.gamma} · verify width {s.verify_width} · {alternatives} · cumulative stop "
+                f"{s.draft_cumulative:g}{kept}")
 
 
 @dataclass(frozen=True)
@@ -132,6 +153,10 @@ class ChatSession:
         self._reuse: dict[int, int] = {}
         self.compile_status: str | None = None  # the drafter's compiled one-token step: None (not asked) or its state
         self._compile: PausableThread | None = None
+        self.tuning: Tuning | None = None  # the drafting settings chosen from this machine's timed forwards
+        self.keep_settings: frozenset[str] = frozenset()  # settings the user chose: calibration leaves them be
+        self.calibration_key: dict | None = None
+        self.cache_dir: Path | None = None
         self.configure(settings)
 
     @property
@@ -202,6 +227,17 @@ class ChatSession:
 
     def update_strategy(self, **changes) -> ChatSettings:
         return self.update(strategy=replace(self.settings.strategy, **changes))
+
+    def calibrate(self, cache_dir: Path, key: dict, again: bool = False) -> Tuning:
+        """Time this machine's forwards (or take the timings kept for `key`) and set the drafting settings they call
+        for, except those the user chose (`keep_settings`); what was chosen and why is kept in `tuning`."""
+        calibration, measured = calibrate(cache_dir, self.target, self.drafter, key, again=again)
+        choice = choose(calibration, self.settings.strategy)
+        chosen = {name: getattr(choice.settings, name) for name in CALIBRATED if name not in self.keep_settings}
+        self.update_strategy(**chosen)
+        self.calibration_key, self.cache_dir = key, cache_dir
+        self.tuning = Tuning(choice, calibration, measured, tuple(sorted(set(CALIBRATED) - set(chosen))))
+        return self.tuning
 
     def reset(self) -> None:
         """Forget the conversation (and any n-gram store); the caches stay and are re-synced by the next prompt."""

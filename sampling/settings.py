@@ -13,6 +13,8 @@ from utils.checks import choice, integer, number, switch
 
 STRATEGIES = ("autoregressive", "speculative", "auto", "drafter", "ngram", "lookup", "lookahead", "beam")
 NEEDS_DRAFTER = ("speculative", "auto", "drafter")
+# The drafting settings the per-machine calibration chooses (utils/calibration.py), where the user did not.
+CALIBRATED = ("gamma", "verify_width", "draft_alternatives", "draft_cumulative")
 STORE_KINDS = ("basic", "one-level")  # the n-gram store's kinds (sampling/drafters/ngram.py)
 
 

@@ -26,6 +26,10 @@ FLAG_OF_SETTING = {
 }
 
 
+CALIBRATED_FLAGS = {"gamma": "gamma", "verify_width": "verify_width", "draft_alternatives": "alternatives",
+                    "draft_cumulative": "draft_cumulative"}  # setting -> argparse dest
+
+
 class FlagError(Exception):
     """A flag's value is wrong; the message is one line for the user and names the flag."""
 
@@ -53,8 +57,9 @@ def add_decoding_flags(group: argparse._ActionsContainer, max_new_tokens: int | 
                        max_new_tokens_help: str = "max new tokens per answer") -> None:
     """`max_new_tokens` and `seed`: the command line's defaults (None: its own rule, or a random seed)."""
     s = StrategySettings
-    group.add_argument("--gamma", "--draft-max", "--num-assistant-tokens", type=int, default=s.gamma, metavar="N",
-                       help="the most tokens drafted per round")
+    calibrated = "calibrated for this machine (without calibration {})"
+    group.add_argument("--gamma", "--draft-max", "--num-assistant-tokens", type=int, metavar="N",
+                       help="the most tokens drafted per round; default: " + calibrated.format(s.gamma))
     group.add_argument("--max-new-tokens", "-n", "--n-predict", type=int, default=max_new_tokens, metavar="N",
                        help=max_new_tokens_help)
     group.add_argument("--temperature", "--temp", type=float, default=0.0, metavar="T", help="0 = greedy")
@@ -66,14 +71,21 @@ def add_decoding_flags(group: argparse._ActionsContainer, max_new_tokens: int | 
                        help="sampling seed" + (" (default: random)" if seed is None else ""))
     group.add_argument("--num-beams", type=int, default=s.num_beams, metavar="N",
                        help="beam width for the beam strategy")
-    group.add_argument("--alternatives", type=int, default=s.draft_alternatives, metavar="N",
-                       help="greedy: also verify the draft model's next N best tokens at each depth (0: a chain)")
-    group.add_argument("--verify-width", type=int, default=s.verify_width, metavar="W",
+    group.add_argument("--alternatives", type=int, metavar="N",
+                       help="greedy: also verify the draft model's next N best tokens at each depth (0: a chain); "
+                            "default: " + calibrated.format(s.draft_alternatives))
+    group.add_argument("--verify-width", type=int, metavar="W",
                        help="the most tokens one verify forward takes: the draft model's alternatives and prompt "
-                            "lookup's other copies fill up to it, the least likely dropped first")
-    group.add_argument("--draft-cumulative", type=float, default=s.draft_cumulative, metavar="P",
+                            "lookup's other copies fill up to it, the least likely dropped first; default: "
+                            + calibrated.format(s.verify_width))
+    group.add_argument("--draft-cumulative", type=float, metavar="P",
                        help="the draft model stops once the product of its probabilities of its tokens (its "
-                            "estimate that the whole draft is accepted) falls below P; 0: always --gamma tokens")
+                            "estimate that the whole draft is accepted) falls below P; 0: always --gamma tokens; "
+                            "default: " + calibrated.format(s.draft_cumulative))
+    group.add_argument("--calibrate", action=argparse.BooleanOptionalAction, default=True,
+                       help="time this machine's forwards once (seconds; kept in the cache dir) and choose gamma, "
+                            "the verify width, the alternatives and the cumulative stop from them; --no-calibrate "
+                            "keeps the built-in defaults")
     group.add_argument("--lookahead", type=int, nargs=3, metavar=("W", "N", "G"),
                        default=(s.lookahead_window, s.lookahead_ngram, s.lookahead_candidates),
                        help="lookahead window W, n-gram size N, verified candidates G")
@@ -120,6 +132,7 @@ class Decoding:
     strategy: StrategySettings
     config: DecodeConfig  # no end ids yet: they come with the tokenizer
     ignored: str | None  # the sampling flags given that the processor does not use, as a warning
+    explicit: frozenset[str]  # the calibrated settings (CALIBRATED) given as flags: calibration leaves them be
 
 
 def decoding(args: argparse.Namespace) -> Decoding:
@@ -128,15 +141,15 @@ def decoding(args: argparse.Namespace) -> Decoding:
     try:
         # An answer of no tokens is no answer: both command lines ask for one at least (DecodeConfig allows 0).
         integer("max_new_tokens", args.max_new_tokens, 1)
-        strategy = StrategySettings(gamma=args.gamma, num_beams=args.num_beams, draft_alternatives=args.alternatives,
-                                    verify_width=args.verify_width, draft_cumulative=args.draft_cumulative,
-                                    lookahead_window=window, lookahead_ngram=ngram, lookahead_candidates=candidates)
+        given = {name: getattr(args, flag) for name, flag in CALIBRATED_FLAGS.items() if getattr(args, flag) is not None}
+        strategy = StrategySettings(num_beams=args.num_beams, lookahead_window=window, lookahead_ngram=ngram,
+                                    lookahead_candidates=candidates, **given)
         processor = make_processor(args.temperature, args.top_k, args.top_p, args.min_p)
         config = DecodeConfig(args.max_new_tokens, processor, seed=args.seed)
     except SettingError as error:
         flag = FLAG_OF_SETTING.get(error.setting, error.setting)
         raise FlagError(f"{flag} {error.requirement}, got {error.value}") from None
-    return Decoding(strategy, config, ignored_sampling_flags(args))
+    return Decoding(strategy, config, ignored_sampling_flags(args), frozenset(given))
 
 
 def ignored_sampling_flags(args: argparse.Namespace) -> str | None:

@@ -21,7 +21,7 @@ from utils.gguf import pip_install_command
 from utils.model_cache import embedded_hf_dir, gguf_file_hf_dir
 from utils.presets import EMBEDDED, ModelLoadError, default_cache_dir
 from utils.prepack import available as prepack_available
-from utils.prepack import prepack
+from utils.prepack import is_prepacked, prepack
 from utils.quantize import activation_dtype, quantize_weights, resolve_quantize
 from utils.vocab import check_same_vocab, end_token_ids
 
@@ -38,6 +38,14 @@ class LoadedModel:
     @property
     def label(self) -> str:
         return self.name if self.quantize == "none" else f"{self.name} ({self.quantize})"
+
+    @property
+    def format(self) -> str:
+        """How the weights are held and computed: "int4 weights, bfloat16 activations", "float32, oneDNN-prepacked"."""
+        dtype = str(next(self.model.parameters()).dtype).removeprefix("torch.")
+        if self.quantize != "none":
+            return f"{self.quantize} weights, {dtype} activations"
+        return dtype + (", oneDNN-prepacked" if is_prepacked(self.model) else "")
 
 
 @dataclass(frozen=True)
