@@ -16,7 +16,7 @@ from benchmarks.report import summarize
 from benchmarks.runner import first_difference
 from sampling.base import DecodeConfig
 from sampling.registry import STRATEGIES, StrategySettings
-from tests.tiny_checkpoint import save_tiny_checkpoint
+from tests.helpers import save_tiny_pair
 from utils.loading import load_model
 from utils.logits_processor import make_processor
 
@@ -35,8 +35,8 @@ MEASUREMENT_KEYS = {
     "first_difference": (int, type(None)), "token_ids": list, "text": str,
 }
 SUMMARY_KEYS = {"runs", "new_tokens", "total_time", "decode_time", "tokens_per_second", "decode_tokens_per_second",
-                "mean_time_to_first_token", "rounds", "mean_tokens_per_round", "drafter_forwards", "drafted", "accepted", "tested",
-                "acceptance_rate", "alpha", "acceptance_by_position", "identical", "compared",
+                "mean_time_to_first_token", "rounds", "mean_tokens_per_round", "drafter_forwards", "drafted",
+                "accepted", "tested", "acceptance_rate", "alpha", "acceptance_by_position", "identical", "compared",
                 "speedup_vs_autoregressive", "speedup_vs_hf_generate", "decode_speedup_vs_autoregressive",
                 "bound_gamma", "speedup_bound", "efficiency"}
 
@@ -44,8 +44,7 @@ SUMMARY_KEYS = {"runs", "new_tokens", "total_time", "decode_time", "tokens_per_s
 @pytest.fixture(scope="module")
 def checkpoints(tmp_path_factory):
     root = tmp_path_factory.mktemp("tiny")
-    return (save_tiny_checkpoint(root / "target", seed=0),
-            save_tiny_checkpoint(root / "drafter", seed=1, layers=1, hidden=16))
+    return save_tiny_pair(root)
 
 
 @pytest.fixture(scope="module")
@@ -301,3 +300,4 @@ def test_resume_needs_an_output_directory(capsys):
     with pytest.raises(SystemExit):
         bench.parse_args(["--resume"])
     assert "--resume needs --out" in capsys.readouterr().err
+

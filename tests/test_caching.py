@@ -132,7 +132,7 @@ def test_invariant_holds_after_every_round(target_model, small_drafter_model, ga
 @pytest.fixture(scope="module")
 def compiled_drafter():
     """A float32 tiny drafter whose one-token forwards are compiled (tens of seconds on two cores: built once)."""
-    from tests.conftest import tiny_model
+    from tests.helpers import tiny_model
 
     model = tiny_model(seed=1, layers=1, hidden=16, dtype=torch.float32)
     lm = CachedModel(model)

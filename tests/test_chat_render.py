@@ -8,7 +8,7 @@ from rich.console import Console
 from chat.render import ComparisonRow, ConsoleView, Detokenizer, banner, comparison_table, speedup, stats_line, warn
 from chat.session import ChatSession, ChatSettings, ModelInfo
 from sampling.base import Round, Stats
-from tests.tiny_checkpoint import build_tokenizer, load_tiny_pair
+from tests.helpers import build_tokenizer, load_tiny_pair
 
 
 @pytest.fixture(scope="module")

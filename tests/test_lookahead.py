@@ -4,8 +4,6 @@ multi-candidate verification rules and losslessness under sampling."""
 import pytest
 import torch
 
-from conftest import tiny_model
-from distribution import FALSE_ALARM, chi_square_test, exact_sequence_distribution
 from sampling.autoregressive import Autoregressive
 from sampling.base import DecodeConfig
 from sampling.drafters.base import Draft
@@ -14,6 +12,8 @@ from sampling.drafters.ngram import NGramStore
 from sampling.registry import STRATEGIES, StrategySettings, build_strategy
 from sampling.speculative import Speculative
 from sampling.verify import accept_stochastic, accept_tree_greedy, accept_tree_stochastic
+from tests.distribution import FALSE_ALARM, chi_square_test, exact_sequence_distribution
+from tests.helpers import tiny_model
 from utils.caching import CachedModel, tree_attention
 from utils.logits_processor import GreedyProcessor, MultinomialProcessor, TopKProcessor
 
