@@ -58,6 +58,7 @@ def quick_run(checkpoints, tmp_path_factory):
     return out
 
 
+@pytest.mark.slow
 def test_quick_run_writes_every_file(quick_run):
     run = quick_run / "run"
     png = (run / "plot.png").read_bytes()
@@ -69,6 +70,7 @@ def test_quick_run_writes_every_file(quick_run):
     assert md.startswith("## Benchmark results") and "| speculative |" in md and "python bench.py --quick" in md
 
 
+@pytest.mark.slow
 def test_quick_run_json(quick_run):
     report = json.loads((quick_run / "run" / "results.json").read_text())
     assert set(report) == {"schema_version", "command", "machine", "config", "contestants", "skipped_contestants",
@@ -264,6 +266,7 @@ def test_default_selection():
     assert ours == ["autoregressive", "lookup"] and hf == []
 
 
+@pytest.mark.slow
 def test_an_interrupted_run_resumes_from_its_checkpoint(checkpoints, tmp_path, capsys):
     target, drafter = checkpoints
     out = tmp_path / "run"

@@ -304,6 +304,7 @@ def test_fuzzed_command_lines_never_escape(app, tmp_path, monkeypatch):
     assert quits > 0  # the fuzz did reach /quit (and found the rest)
 
 
+@pytest.mark.slow
 def test_a_prompt_waits_for_the_drafters_compile_and_ctrl_c_gives_it_up(app, monkeypatch):
     session = app.session
     release, order = threading.Event(), []

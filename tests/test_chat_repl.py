@@ -19,6 +19,8 @@ import pytest
 
 from tests.helpers import save_tiny_pair
 
+pytestmark = pytest.mark.slow  # a real terminal running infer.py
+
 REPO = Path(__file__).resolve().parent.parent
 ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]|\x1b\][^\x07]*\x07|\x1b[=>]|[\x01\x02\r]")
 PROMPT = "you ›"

@@ -336,6 +336,7 @@ def test_drafter_strategies_need_a_drafter(short_pair):
         make_session(short_pair, strategies=("speculative",))
 
 
+@pytest.mark.slow
 def test_the_drafter_compiles_in_the_background_and_says_how_it_went(pair, monkeypatch):
     class Notices(View):
         def __init__(self):

@@ -189,6 +189,7 @@ def test_preset_and_overrides():
                                                                                                "none")
 
 
+@pytest.mark.slow
 def test_one_shot_json_prints_exactly_one_object(checkpoints):
     target, drafter = checkpoints
     argv = [sys.executable, "infer.py", "--target", str(target), "--drafter", str(drafter), "--dtype", "float32",

@@ -59,6 +59,7 @@ PROCESSORS = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("processor_name, drafter_name", [
     ("temperature", "model"), ("top-k+top-p", "model"), ("top-p", "cyclic"), ("top-k", "ngram"),
     ("temperature", "auto"), ("temperature", "lookup-tree"),
@@ -77,6 +78,7 @@ def test_speculative_sampling_follows_the_target_distribution(toy_target, toy_dr
     assert stat <= critical, f"chi-square {stat:.1f} > {critical:.1f} (false alarm {FALSE_ALARM})"
 
 
+@pytest.mark.slow
 def test_autoregressive_sampling_follows_the_target_distribution(toy_target):
     """The baseline itself, so that a shared bug cannot hide in both."""
     processor = PROCESSORS["top-k+top-p"]
@@ -85,6 +87,7 @@ def test_autoregressive_sampling_follows_the_target_distribution(toy_target):
     assert stat <= critical
 
 
+@pytest.mark.slow
 def test_chi_square_test_rejects_a_biased_sampler(toy_target):
     """The test has power: sampling at temperature 1.3 is told apart from the exact temperature-1.0 distribution."""
     expected = exact_sequence_distribution(toy_target, PROMPT, LENGTH, MultinomialProcessor(1.0))
@@ -93,6 +96,7 @@ def test_chi_square_test_rejects_a_biased_sampler(toy_target):
     assert stat > critical
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("with_q", [True, False])
 def test_verification_rule_alone_is_exact(with_q):
     """accept_stochastic on fixed p and q rows: the first committed token follows p[0] whatever q is."""
