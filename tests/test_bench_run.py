@@ -5,6 +5,7 @@ No test asserts a timing: on tiny models they are noise.
 
 import json
 import struct
+import sys
 
 import pytest
 
@@ -12,7 +13,7 @@ import bench
 from benchmarks.analytic import speedup_bound
 from benchmarks.costs import ForwardCosts
 from benchmarks.hf_baselines import build_hf_baselines, quantized_drafter, sampling_kwargs
-from benchmarks.report import summarize
+from benchmarks.report import plot, summarize
 from benchmarks.runner import first_difference
 from sampling.base import DecodeConfig
 from sampling.registry import STRATEGIES, StrategySettings
@@ -304,3 +305,9 @@ def test_resume_needs_an_output_directory(capsys):
         bench.parse_args(["--resume"])
     assert "--resume needs --out" in capsys.readouterr().err
 
+
+def test_the_plot_without_matplotlib_names_the_requirements_file(monkeypatch, tmp_path):
+    """matplotlib moved out of requirements.txt: a benchmark without it says what to install."""
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # as if not installed
+    with pytest.raises(ImportError, match=r"pip install -r requirements-bench\.txt"):
+        plot({"summary": {}}, tmp_path / "plot.png")
