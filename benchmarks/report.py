@@ -267,7 +267,10 @@ def markdown(report: dict) -> str:
 
 
 def plot(report: dict, path: Path) -> None:
-    import matplotlib
+    try:
+        import matplotlib
+    except ImportError as error:  # an install from requirements.txt alone has no plotting
+        raise ImportError("the benchmark's plot needs matplotlib: pip install -r requirements-bench.txt") from error
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt

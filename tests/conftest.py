@@ -1,24 +1,11 @@
-"""Fixtures: tiny random causal LMs built in milliseconds (float64 wherever equality is asserted)."""
+"""Fixtures: the tiny random models most tests share (builders in tests/helpers.py)."""
 
 import pytest
 import torch
-from transformers import LlamaConfig, LlamaForCausalLM
+
+from tests.helpers import noisy_copy, tiny_model
 
 torch.set_num_threads(1)  # tiny models: threading costs more than it saves, and CI has two cores
-
-
-def tiny_model(vocab_size: int = 97, seed: int = 0, layers: int = 2, hidden: int = 32, dtype=torch.float64,
-               max_positions: int = 512) -> LlamaForCausalLM:
-    torch.manual_seed(seed)
-    config = LlamaConfig(vocab_size=vocab_size, hidden_size=hidden, intermediate_size=2 * hidden,
-                         num_hidden_layers=layers, num_attention_heads=4, num_key_value_heads=2,
-                         max_position_embeddings=max_positions, bos_token_id=None, eos_token_id=None,
-                         pad_token_id=None, tie_word_embeddings=False)
-    model = LlamaForCausalLM(config).to(dtype).eval()
-    # Random init gives near-uniform logits; sharpen them so sequences have structure and drafts get accepted.
-    with torch.no_grad():
-        model.lm_head.weight.mul_(8.0)
-    return model
 
 
 @pytest.fixture(scope="session")
@@ -33,6 +20,22 @@ def small_drafter_model():
 
 
 @pytest.fixture(scope="session")
+def noisy_copy_model(target_model):
+    """The target with perturbed output weights: agrees often, not always."""
+    return noisy_copy(target_model)
+
+
+@pytest.fixture(scope="session")
 def model_cache_dir(tmp_path_factory):
     """The converted-model cache for the whole run: real models are converted once, never into the user's cache."""
     return tmp_path_factory.mktemp("specchat-cache")
+
+
+@pytest.fixture(scope="session", autouse=True)
+def no_user_cache_dir(tmp_path_factory):
+    """Whatever a test runs (the chat's history, calibrations, subprocesses) writes under a temporary cache dir,
+    never into the user's ~/.cache/specchat."""
+    patch = pytest.MonkeyPatch()
+    patch.setenv("XDG_CACHE_HOME", str(tmp_path_factory.mktemp("xdg-cache")))
+    yield
+    patch.undo()

@@ -19,7 +19,8 @@ def chi_square_critical(df: int, alpha: float = FALSE_ALARM) -> float:
     return df * (1 - c + z * math.sqrt(c)) ** 3
 
 
-def chi_square_test(samples: list[tuple], expected: dict[tuple, float], min_expected: float = 5.0) -> tuple[float, float]:
+def chi_square_test(samples: list[tuple], expected: dict[tuple, float],
+                    min_expected: float = 5.0) -> tuple[float, float]:
     """(statistic, critical value) for samples against exact probabilities; bins expected below `min_expected`
     are pooled into one. The sampler is consistent with `expected` when statistic <= critical."""
     n = len(samples)
@@ -48,4 +49,4 @@ def exact_sequence_distribution(model, prompt: list[int], length: int, processor
     logits = model(input_ids=ids).logits[:, len(prompt) - 1: len(prompt) - 1 + length]  # (S, length, V)
     probs = processor.probs(logits.double())
     chosen = probs.gather(-1, ids[:, len(prompt):, None]).squeeze(-1).prod(-1)
-    return {s: float(p) for s, p in zip(sequences, chosen)}
+    return {s: float(p) for s, p in zip(sequences, chosen, strict=True)}

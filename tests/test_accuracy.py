@@ -6,7 +6,7 @@ import math
 import pytest
 import torch
 
-from conftest import tiny_model
+from tests.helpers import tiny_model
 from utils.accuracy import Agreement, compare, next_token_logits, perplexity
 
 TEXT = [(i * 31 + 7) % 97 for i in range(300)]

@@ -5,10 +5,10 @@ import itertools
 import pytest
 import torch
 
-from conftest import tiny_model
 from sampling.autoregressive import Autoregressive
 from sampling.base import DecodeConfig
 from sampling.beam_search import BeamSearch, length_penalty
+from tests.helpers import tiny_model
 from utils.caching import CachedModel
 
 PROMPT = [3, 1, 4, 1, 5]

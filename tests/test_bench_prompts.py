@@ -51,7 +51,7 @@ def test_bad_files(tmp_path):
 
 
 def test_chat_ids_are_plain_ids(tmp_path):
-    from tests.tiny_checkpoint import build_tokenizer
+    from tests.helpers import build_tokenizer
 
     tokenizer = build_tokenizer()
     ids = chat_ids(tokenizer, [{"role": "user", "content": "Hello!"}])

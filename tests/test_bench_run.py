@@ -5,6 +5,7 @@ No test asserts a timing: on tiny models they are noise.
 
 import json
 import struct
+import sys
 
 import pytest
 
@@ -12,11 +13,11 @@ import bench
 from benchmarks.analytic import speedup_bound
 from benchmarks.costs import ForwardCosts
 from benchmarks.hf_baselines import build_hf_baselines, quantized_drafter, sampling_kwargs
-from benchmarks.report import summarize
+from benchmarks.report import plot, summarize
 from benchmarks.runner import first_difference
 from sampling.base import DecodeConfig
 from sampling.registry import STRATEGIES, StrategySettings
-from tests.tiny_checkpoint import save_tiny_checkpoint
+from tests.helpers import save_tiny_pair
 from utils.loading import load_model
 from utils.logits_processor import make_processor
 
@@ -35,8 +36,8 @@ MEASUREMENT_KEYS = {
     "first_difference": (int, type(None)), "token_ids": list, "text": str,
 }
 SUMMARY_KEYS = {"runs", "new_tokens", "total_time", "decode_time", "tokens_per_second", "decode_tokens_per_second",
-                "mean_time_to_first_token", "rounds", "mean_tokens_per_round", "drafter_forwards", "drafted", "accepted", "tested",
-                "acceptance_rate", "alpha", "acceptance_by_position", "identical", "compared",
+                "mean_time_to_first_token", "rounds", "mean_tokens_per_round", "drafter_forwards", "drafted",
+                "accepted", "tested", "acceptance_rate", "alpha", "acceptance_by_position", "identical", "compared",
                 "speedup_vs_autoregressive", "speedup_vs_hf_generate", "decode_speedup_vs_autoregressive",
                 "bound_gamma", "speedup_bound", "efficiency"}
 
@@ -44,8 +45,7 @@ SUMMARY_KEYS = {"runs", "new_tokens", "total_time", "decode_time", "tokens_per_s
 @pytest.fixture(scope="module")
 def checkpoints(tmp_path_factory):
     root = tmp_path_factory.mktemp("tiny")
-    return (save_tiny_checkpoint(root / "target", seed=0),
-            save_tiny_checkpoint(root / "drafter", seed=1, layers=1, hidden=16))
+    return save_tiny_pair(root)
 
 
 @pytest.fixture(scope="module")
@@ -59,6 +59,7 @@ def quick_run(checkpoints, tmp_path_factory):
     return out
 
 
+@pytest.mark.slow
 def test_quick_run_writes_every_file(quick_run):
     run = quick_run / "run"
     png = (run / "plot.png").read_bytes()
@@ -70,6 +71,7 @@ def test_quick_run_writes_every_file(quick_run):
     assert md.startswith("## Benchmark results") and "| speculative |" in md and "python bench.py --quick" in md
 
 
+@pytest.mark.slow
 def test_quick_run_json(quick_run):
     report = json.loads((quick_run / "run" / "results.json").read_text())
     assert set(report) == {"schema_version", "command", "machine", "config", "contestants", "skipped_contestants",
@@ -265,6 +267,7 @@ def test_default_selection():
     assert ours == ["autoregressive", "lookup"] and hf == []
 
 
+@pytest.mark.slow
 def test_an_interrupted_run_resumes_from_its_checkpoint(checkpoints, tmp_path, capsys):
     target, drafter = checkpoints
     out = tmp_path / "run"
@@ -301,3 +304,10 @@ def test_resume_needs_an_output_directory(capsys):
     with pytest.raises(SystemExit):
         bench.parse_args(["--resume"])
     assert "--resume needs --out" in capsys.readouterr().err
+
+
+def test_the_plot_without_matplotlib_names_the_requirements_file(monkeypatch, tmp_path):
+    """matplotlib moved out of requirements.txt: a benchmark without it says what to install."""
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # as if not installed
+    with pytest.raises(ImportError, match=r"pip install -r requirements-bench\.txt"):
+        plot({"summary": {}}, tmp_path / "plot.png")

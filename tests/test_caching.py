@@ -132,7 +132,7 @@ def test_invariant_holds_after_every_round(target_model, small_drafter_model, ga
 @pytest.fixture(scope="module")
 def compiled_drafter():
     """A float32 tiny drafter whose one-token forwards are compiled (tens of seconds on two cores: built once)."""
-    from tests.conftest import tiny_model
+    from tests.helpers import tiny_model
 
     model = tiny_model(seed=1, layers=1, hidden=16, dtype=torch.float32)
     lm = CachedModel(model)
@@ -156,6 +156,7 @@ def counting_steps(lm: CachedModel):
         lm.step_model = compiled
 
 
+@pytest.mark.slow
 def test_compiled_step_takes_one_token_forwards_once_the_cache_holds_two(compiled_drafter):
     lm, eager = compiled_drafter, CachedModel(compiled_drafter.model)
     with counting_steps(lm) as fed:
@@ -170,6 +171,7 @@ def test_compiled_step_takes_one_token_forwards_once_the_cache_holds_two(compile
     assert lm.tokens == eager.tokens == [3, 17, 3, 17, 9] and lm.cache.get_seq_length() == 5
 
 
+@pytest.mark.slow
 def test_speculative_with_a_compiled_drafter_equals_autoregressive(target_model, compiled_drafter):
     from sampling.autoregressive import Autoregressive
 

@@ -63,7 +63,7 @@ def test_expected_tokens_is_the_geometric_sum():
 
 @pytest.fixture(scope="module")
 def tiny_pair():
-    from conftest import tiny_model
+    from tests.helpers import tiny_model
 
     return CachedModel(tiny_model(seed=0, dtype=torch.float32)), CachedModel(
         tiny_model(seed=1, layers=1, hidden=16, dtype=torch.float32))
@@ -101,5 +101,6 @@ def test_calibrate_keeps_the_timings_per_key_and_measures_again_when_asked(tiny_
 def test_the_machine_key_names_the_cpu_torch_models_formats_and_threads():
     key = machine_key("t", "bfloat16", "d", "int4", torch.device("cpu"))
     assert key["torch"] == torch.__version__ and key["threads"] == torch.get_num_threads()
-    assert (key["target"], key["target_format"], key["drafter"], key["drafter_format"]) == ("t", "bfloat16", "d", "int4")
+    assert ((key["target"], key["target_format"], key["drafter"], key["drafter_format"])
+            == ("t", "bfloat16", "d", "int4"))
     assert isinstance(key["cpu_flags"], list) and key["hardware"]

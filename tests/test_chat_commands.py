@@ -19,7 +19,7 @@ from chat.commands import Command, Outcome, build_commands, dispatch, parse_proc
 from chat.session import ChatSession, ChatSettings, ModelInfo
 from chat.turn import Turn
 from sampling.registry import STRATEGIES
-from tests.tiny_checkpoint import load_tiny_pair
+from tests.helpers import load_tiny_pair
 from utils.logits_processor import GreedyProcessor, NucleusProcessor, TopKNucleusProcessor, TopKProcessor
 
 

@@ -10,7 +10,7 @@ from chat.render import (ComparisonRow, ConsoleView, Detokenizer, banner, compar
 from chat.session import ChatSession, ChatSettings, ModelInfo, Plan, Run
 from chat.turn import Turn
 from sampling.base import Round, Stats
-from tests.tiny_checkpoint import build_tokenizer, load_tiny_pair
+from tests.helpers import build_tokenizer, load_tiny_pair
 
 
 @pytest.fixture(scope="module")

@@ -17,7 +17,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.tiny_checkpoint import save_tiny_checkpoint
+from tests.helpers import save_tiny_pair
+
+pytestmark = pytest.mark.slow  # a real terminal running infer.py
 
 REPO = Path(__file__).resolve().parent.parent
 ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]|\x1b\][^\x07]*\x07|\x1b[=>]|[\x01\x02\r]")
@@ -105,8 +107,7 @@ class Terminal:
 @pytest.fixture(scope="module")
 def repl(tmp_path_factory):
     root = tmp_path_factory.mktemp("chat_repl")
-    target = save_tiny_checkpoint(root / "target", seed=0, max_positions=100_000)
-    drafter = save_tiny_checkpoint(root / "drafter", seed=1, layers=1, hidden=16, max_positions=100_000)
+    target, drafter = save_tiny_pair(root, max_positions=100_000)
     env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(root / "home"), "TERM": "xterm-256color",
            "LANG": "C.UTF-8"}
     argv = [sys.executable, "infer.py", "--target", str(target), "--drafter", str(drafter), "--dtype", "float32",

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import io
+import itertools
 import json
 import os
 import signal
@@ -18,7 +19,7 @@ from chat.oneshot import FAILED_EXIT, run_oneshot
 from chat.session import ChatSession, ChatSettings, Message, ModelInfo
 from chat.turn import View, run_turn
 from sampling.registry import StrategySettings
-from tests.tiny_checkpoint import load_tiny_pair, save_tiny_checkpoint
+from tests.helpers import load_tiny_pair, save_tiny_checkpoint
 from utils.caching import common_prefix_length
 from utils.loading import load_pair
 
@@ -184,7 +185,7 @@ def test_a_long_chat_drops_old_turns_in_chunks_and_keeps_the_rest_cached(small_p
     drops = [i for i, turn in enumerate(turns) if turn.plan.dropped_turns]
     assert len(drops) >= 2 and len(notices) == len(drops)  # one notice per drop
     assert all(turns[i].plan.dropped_turns >= 3 for i in drops)  # in chunks, not one turn at a time
-    assert all(b - a >= 3 for a, b in zip(drops, drops[1:]))  # and not every turn
+    assert all(b - a >= 3 for a, b in itertools.pairwise(drops))  # and not every turn
     assert all(len(turns[i].plan.ids) <= session.context_limit // 2 for i in drops)  # down to about half
     for i in range(drops[0] + 1, len(turns)):
         if i not in drops:  # between drops the whole previous prompt stays cached
@@ -338,6 +339,7 @@ def test_drafter_strategies_need_a_drafter(short_pair):
         make_session(short_pair, strategies=("speculative",))
 
 
+@pytest.mark.slow
 def test_the_drafter_compiles_in_the_background_and_says_how_it_went(pair, monkeypatch):
     class Notices(View):
         def __init__(self):

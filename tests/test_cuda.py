@@ -4,10 +4,10 @@ on the device, and greedy speculative output still equals greedy autoregressive 
 import pytest
 import torch
 
-from conftest import tiny_model
 from sampling.autoregressive import Autoregressive
 from sampling.base import DecodeConfig
 from sampling.registry import STRATEGIES, build_strategy
+from tests.helpers import tiny_model
 from utils.caching import CachedModel
 from utils.logits_processor import TopKNucleusProcessor
 

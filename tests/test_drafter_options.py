@@ -67,10 +67,10 @@ def test_bad_confidence_threshold(target_model):
 
 
 @pytest.fixture(scope="module")
-def confident_model(noisy_model):
+def confident_model(noisy_copy_model):
     """A drafter sure of itself (sharpened output layer): its drafts run several tokens before the product of its
     probabilities falls below a threshold."""
-    model = copy.deepcopy(noisy_model)
+    model = copy.deepcopy(noisy_copy_model)
     with torch.no_grad():
         model.lm_head.weight.mul_(10.0)
     return model
@@ -100,38 +100,28 @@ def test_combined_drafter_is_lossless_and_uses_both_sources(target_model, small_
     assert result.stats.drafter_forwards > 0
 
 
-@pytest.fixture(scope="module")
-def noisy_model(target_model):
-    """The target with perturbed output weights: its first choice is often the target's, its second sometimes."""
-    model = copy.deepcopy(target_model)
-    with torch.no_grad():
-        w = model.lm_head.weight
-        w.add_(torch.randn(w.shape, generator=torch.Generator().manual_seed(7), dtype=w.dtype) * w.std() * 0.25)
-    return model
-
-
-def test_alternatives_are_the_drafters_next_best_tokens_beside_its_chain(noisy_model):
-    draft = ModelDrafter(CachedModel(noisy_model), 97, alternatives=2).propose(PROMPT, 3, GreedyProcessor(), None)
-    chain = ModelDrafter(CachedModel(noisy_model), 97).propose(PROMPT, 3, GreedyProcessor(), None).tokens
+def test_alternatives_are_the_drafters_next_best_tokens_beside_its_chain(noisy_copy_model):
+    draft = ModelDrafter(CachedModel(noisy_copy_model), 97, alternatives=2).propose(PROMPT, 3, GreedyProcessor(), None)
+    chain = ModelDrafter(CachedModel(noisy_copy_model), 97).propose(PROMPT, 3, GreedyProcessor(), None).tokens
     assert draft.tokens[:3] == chain and draft.q is None
     assert draft.parents == [-1, 0, 1, -1, -1, 0, 0, 1, 1]  # the chain, then two leaves per depth beside it
     with torch.inference_mode():
         for depth in range(3):
-            logits = noisy_model(torch.tensor([PROMPT + chain[:depth]])).logits[0, -1]
+            logits = noisy_copy_model(torch.tensor([PROMPT + chain[:depth]])).logits[0, -1]
             assert draft.tokens[3 + 2 * depth: 5 + 2 * depth] == logits.topk(3).indices[1:].tolist()
 
 
-def test_a_capped_tree_keeps_the_chain_and_the_alternatives_likeliest_to_commit(noisy_model):
-    full = ModelDrafter(CachedModel(noisy_model), 97, alternatives=2).propose(PROMPT, 3, GreedyProcessor(), None)
+def test_a_capped_tree_keeps_the_chain_and_the_alternatives_likeliest_to_commit(noisy_copy_model):
+    full = ModelDrafter(CachedModel(noisy_copy_model), 97, alternatives=2).propose(PROMPT, 3, GreedyProcessor(), None)
     chain = full.tokens[:3]
     # Each alternative's chance as the drafter rates it: its chain's tokens before it, then it.
     with torch.inference_mode():
-        probs = noisy_model(torch.tensor([PROMPT + chain])).logits[0, len(PROMPT) - 1:].float().softmax(-1)
+        probs = noisy_copy_model(torch.tensor([PROMPT + chain])).logits[0, len(PROMPT) - 1:].float().softmax(-1)
     reach = [1.0, float(probs[0, chain[0]]), float(probs[0, chain[0]] * probs[1, chain[1]])]
     rated = sorted(((reach[full.parents[i] + 1] * float(probs[full.parents[i] + 1, full.tokens[i]]), i)
                     for i in range(3, 9)), reverse=True)
     for cap in (3, 4, 6, 9, 20):
-        draft = ModelDrafter(CachedModel(noisy_model), 97, alternatives=2, max_tree=cap).propose(
+        draft = ModelDrafter(CachedModel(noisy_copy_model), 97, alternatives=2, max_tree=cap).propose(
             PROMPT, 3, GreedyProcessor(), None)
         kept = sorted(i for _, i in rated[: max(cap - 3, 0)])  # in depth order, as the uncapped tree lists them
         assert draft.tokens == chain + [full.tokens[i] for i in kept]
@@ -145,15 +135,15 @@ def test_the_tree_cap_is_checked(target_model):
             ModelDrafter(CachedModel(target_model), 97, alternatives=1, max_tree=bad)
 
 
-def test_alternatives_are_for_greedy_only(noisy_model):
-    drafter = ModelDrafter(CachedModel(noisy_model), 97, alternatives=2)
+def test_alternatives_are_for_greedy_only(noisy_copy_model):
+    drafter = ModelDrafter(CachedModel(noisy_copy_model), 97, alternatives=2)
     draft = drafter.propose(PROMPT, 3, make_processor(temperature=1.0), torch.Generator().manual_seed(0))
     assert draft.parents is None and len(draft) == 3 and draft.q.shape == (3, 97)
 
 
 @pytest.mark.parametrize("alternatives", [0, 1, 3])
-def test_an_alternative_the_target_picks_commits_one_more_token(target_model, noisy_model, expected, alternatives):
-    drafter = ModelDrafter(CachedModel(noisy_model), 97, alternatives=alternatives)
+def test_an_alternative_the_target_picks_commits_one_more_token(target_model, noisy_copy_model, expected, alternatives):
+    drafter = ModelDrafter(CachedModel(noisy_copy_model), 97, alternatives=alternatives)
     rounds = list(Speculative(CachedModel(target_model), drafter, 4).stream(PROMPT, CONFIG))
     assert [t for r in rounds for t in r.tokens] == expected
     # A round that ended on a leaf: its accepted path (the candidate it belongs to) is shorter than the chain and

@@ -6,7 +6,6 @@ import copy
 import pytest
 import torch
 
-from conftest import tiny_model
 from sampling.autoregressive import Autoregressive
 from sampling.base import DecodeConfig
 from sampling.drafters.model import ModelDrafter
@@ -14,22 +13,12 @@ from sampling.drafters.ngram import NGramDrafter
 from sampling.drafters.prompt_lookup import PromptLookupDrafter
 from sampling.registry import StrategySettings
 from sampling.speculative import Speculative
+from tests.helpers import tiny_model
 from utils.caching import CachedModel
 from utils.quantize import quantize_weights
 
 PROMPT = [5, 17, 42, 8, 5, 17, 42, 9, 33, 5, 17]
 MAX_NEW = 48
-
-
-@pytest.fixture(scope="module")
-def noisy_copy_model(target_model):
-    """The target with perturbed output weights: agrees often, not always."""
-    model = copy.deepcopy(target_model)
-    generator = torch.Generator().manual_seed(7)
-    with torch.no_grad():
-        w = model.lm_head.weight
-        w.add_(torch.randn(w.shape, generator=generator, dtype=w.dtype) * w.std() * 0.25)
-    return model
 
 
 @pytest.fixture(scope="module")

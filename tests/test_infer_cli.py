@@ -12,7 +12,7 @@ import pytest
 
 import infer
 from sampling.registry import STRATEGIES
-from tests.tiny_checkpoint import save_tiny_checkpoint
+from tests.helpers import save_tiny_pair
 from utils.flags import model_choice
 
 REPO = Path(__file__).resolve().parent.parent
@@ -21,8 +21,7 @@ REPO = Path(__file__).resolve().parent.parent
 @pytest.fixture(scope="module")
 def checkpoints(tmp_path_factory):
     root = tmp_path_factory.mktemp("infer_cli")
-    return (save_tiny_checkpoint(root / "target", seed=0),
-            save_tiny_checkpoint(root / "drafter", seed=1, layers=1, hidden=16))
+    return save_tiny_pair(root)
 
 
 def test_help_documents_every_flag(capsys):
@@ -89,7 +88,8 @@ def test_bad_values_are_refused_before_loading(capsys, argv, message):
 
 @pytest.mark.parametrize("argv, warning", [
     (["--top-k", "5"], "infer.py: warning: --top-k is ignored: --temperature 0 is greedy"),
-    (["--top-p", "0.9", "--min-p", "0.1"], "infer.py: warning: --top-p, --min-p are ignored: --temperature 0 is greedy"),
+    (["--top-p", "0.9", "--min-p", "0.1"],
+     "infer.py: warning: --top-p, --min-p are ignored: --temperature 0 is greedy"),
     (["--temperature", "0.7", "--top-k", "5", "--min-p", "0.1"], "infer.py: warning: --top-k is ignored: --min-p "
                                                                   "replaces them"),
 ])
@@ -189,6 +189,7 @@ def test_preset_and_overrides():
                                                                                                "none")
 
 
+@pytest.mark.slow
 def test_one_shot_json_prints_exactly_one_object(checkpoints):
     target, drafter = checkpoints
     argv = [sys.executable, "infer.py", "--target", str(target), "--drafter", str(drafter), "--dtype", "float32",

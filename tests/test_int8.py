@@ -6,7 +6,7 @@ import pytest
 import torch
 from torch import nn
 
-from conftest import tiny_model
+from tests.helpers import tiny_model
 from sampling.autoregressive import Autoregressive
 from sampling.base import DecodeConfig
 from sampling.drafters.model import ModelDrafter

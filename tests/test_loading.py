@@ -13,11 +13,9 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from tokenizers import Tokenizer
-from tokenizers.models import WordLevel
-from tokenizers.pre_tokenizers import Whitespace
-from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+from transformers import AutoModelForCausalLM
 
+from tests.helpers import WORD_CHAT_TEMPLATE, save_tiny_checkpoint, word_tokenizer
 from utils import devices, gguf, model_cache
 from utils.devices import cpuinfo_has_bf16, resolve_device, resolve_dtype
 from utils.errors import REASON_CHARS, one_line
@@ -29,44 +27,15 @@ from utils.prepack import PackedLinear
 from utils.quantize import resolve_quantize
 from utils.vocab import check_same_vocab, end_token_ids
 
-SPECIAL_TOKENS = ["<unk>", "<pad>", "<eos>", "<|im_start|>", "<|im_end|>"]
-CHAT_TEMPLATE = (
-    "{% for m in messages %}<|im_start|>{{ m['role'] }} {{ m['content'] }}<|im_end|>{% endfor %}"
-    "{% if add_generation_prompt %}<|im_start|>assistant{% endif %}"
-)
-
-
 # ---------------------------------------------------------------------------------------------
 # Tiny models
 
 
-def make_tokenizer(words: int = 59, chat_template: str | None = CHAT_TEMPLATE, **special) -> PreTrainedTokenizerFast:
-    vocab = {token: index for index, token in enumerate(SPECIAL_TOKENS + [f"w{i}" for i in range(words)])}
-    backend = Tokenizer(WordLevel(vocab, unk_token="<unk>"))
-    backend.pre_tokenizer = Whitespace()
-    tokens = {"unk_token": "<unk>", "pad_token": "<pad>", "eos_token": "<eos>", **special}
-    tokenizer = PreTrainedTokenizerFast(tokenizer_object=backend, **tokens)
-    tokenizer.chat_template = chat_template
-    return tokenizer
-
-
 def save_tiny_model(directory: Path, vocab_size: int = 64, seed: int = 0) -> Path:
-    tokenizer = make_tokenizer()
-    torch.manual_seed(seed)
-    config = LlamaConfig(
-        vocab_size=vocab_size,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=64,
-        eos_token_id=tokenizer.eos_token_id,
-        pad_token_id=tokenizer.pad_token_id,
-    )
-    LlamaForCausalLM(config).save_pretrained(directory)
-    tokenizer.save_pretrained(directory)
-    return directory
+    """The loader's tiny checkpoint: a word-level vocabulary (ids are predictable) and a 64-position context."""
+    tokenizer = word_tokenizer()
+    return save_tiny_checkpoint(directory, seed=seed, tokenizer=tokenizer, vocab_padding=vocab_size - len(tokenizer),
+                                max_positions=64)
 
 
 @pytest.fixture(scope="module")
@@ -160,11 +129,8 @@ def test_int4_off_the_cpu_is_refused_with_the_fix(device):
 def test_int4_packs_the_layers_its_kernel_takes_and_keeps_the_rest_dense(tmp_path):
     # hidden 256 splits into groups of 128; a 64-wide input does not, nor does a vocabulary of 64 + 1 rows split by
     # 16 (the packed kernel's layout)
-    torch.manual_seed(0)
-    config = LlamaConfig(vocab_size=65, hidden_size=256, intermediate_size=64, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64)
-    LlamaForCausalLM(config).save_pretrained(tmp_path / "wide")
-    make_tokenizer().save_pretrained(tmp_path / "wide")
+    save_tiny_checkpoint(tmp_path / "wide", hidden=256, intermediate=64, vocab_padding=1, max_positions=64,
+                         tokenizer=word_tokenizer())
     dense = load_model(str(tmp_path / "wide"), device="cpu", dtype="bfloat16", progress=False)
     int4 = load_model(str(tmp_path / "wide"), device="cpu", dtype="bfloat16", quantize="auto", keep_dense=True,
                       progress=False)
@@ -192,7 +158,7 @@ def test_an_int8_model_keeps_its_dense_weights_when_asked(tiny_dir):
     int8 = load_model(str(tiny_dir), device="cpu", dtype="bfloat16", quantize="int8", keep_dense=True, progress=False)
     assert type(int8.model.model.layers[0].mlp.up_proj) is Int8Linear
     assert type(int8.dense.model.layers[0].mlp.up_proj) is torch.nn.Linear
-    for (name, kept), (_, loaded) in zip(int8.dense.named_parameters(), dense.model.named_parameters()):
+    for (name, kept), (_, loaded) in zip(int8.dense.named_parameters(), dense.model.named_parameters(), strict=True):
         assert torch.equal(kept, loaded), name
     assert load_model(str(tiny_dir), device="cpu", dtype="bfloat16", quantize="int8", progress=False).dense is None
     assert load_model(str(tiny_dir), device="cpu", dtype="bfloat16", keep_dense=True, progress=False).dense is None
@@ -598,13 +564,13 @@ def test_embedded_wheels_are_located_without_importing_them():
 
 
 def test_same_vocab_passes_and_different_vocab_names_both_sizes():
-    check_same_vocab(make_tokenizer(), make_tokenizer())
+    check_same_vocab(word_tokenizer(), word_tokenizer())
     with pytest.raises(ModelLoadError, match="64 tokens.*60 tokens"):
-        check_same_vocab(make_tokenizer(words=59), make_tokenizer(words=55))
+        check_same_vocab(word_tokenizer(words=59), word_tokenizer(words=55))
 
 
 def test_same_size_but_remapped_vocab_is_rejected():
-    target, drafter = make_tokenizer(words=60), make_tokenizer(words=59)
+    target, drafter = word_tokenizer(words=60), word_tokenizer(words=59)
     drafter.add_tokens(["other"])  # id 64 is "w59" in the target, "other" in the drafter
 
     assert len(target.get_vocab()) == len(drafter.get_vocab()) == 65
@@ -628,7 +594,7 @@ def test_pair_without_drafter(tiny_dir):
 
 
 def test_end_ids_merge_a_list_of_eos_ids_deduplicated_and_sorted():
-    tokenizer = make_tokenizer()
+    tokenizer = word_tokenizer()
     generation_config = SimpleNamespace(eos_token_id=[9, 2, 9])
     assert end_token_ids(tokenizer, generation_config) == (2, 4, 9)
     assert end_token_ids(tokenizer, SimpleNamespace(eos_token_id=None)) == (2, 4)
@@ -636,13 +602,13 @@ def test_end_ids_merge_a_list_of_eos_ids_deduplicated_and_sorted():
 
 
 def test_end_of_turn_token_needs_both_the_template_and_the_vocabulary():
-    assert end_token_ids(make_tokenizer(chat_template=None), None) == (2,)
-    no_im_end = CHAT_TEMPLATE.replace("<|im_end|>", "") + "<|eot_id|>"  # <|eot_id|> is not in the vocab
-    assert end_token_ids(make_tokenizer(chat_template=no_im_end), None) == (2,)
+    assert end_token_ids(word_tokenizer(chat_template=None), None) == (2,)
+    no_im_end = WORD_CHAT_TEMPLATE.replace("<|im_end|>", "") + "<|eot_id|>"  # <|eot_id|> is not in the vocab
+    assert end_token_ids(word_tokenizer(chat_template=no_im_end), None) == (2,)
 
 
 def test_pad_token_is_not_an_end_token_unless_it_is_an_eos():
-    pad_is_turn_end = make_tokenizer(pad_token="<|im_end|>")
+    pad_is_turn_end = word_tokenizer(pad_token="<|im_end|>")
     assert end_token_ids(pad_is_turn_end, None) == (2,)
     assert end_token_ids(pad_is_turn_end, SimpleNamespace(eos_token_id=[2, 4])) == (2, 4)
 
@@ -690,4 +656,4 @@ def test_smollm2_pair_loads_from_cache_and_rejects_a_foreign_tokenizer(smollm2_f
     assert pair.target.model.dtype == pair.drafter.model.dtype == torch.float32
     assert pair.end_ids == (pair.target.tokenizer.convert_tokens_to_ids("<|im_end|>"),)
     with pytest.raises(ModelLoadError, match="49152 tokens"):
-        check_same_vocab(pair.target.tokenizer, make_tokenizer())
+        check_same_vocab(pair.target.tokenizer, word_tokenizer())

@@ -6,8 +6,16 @@ import pytest
 import torch
 
 from utils.checks import SettingError
-from utils.logits_processor import (MIN_TEMPERATURE, GreedyProcessor, MinPProcessor, MultinomialProcessor,
-                                     NucleusProcessor, TopKNucleusProcessor, TopKProcessor, make_processor)
+from utils.logits_processor import (
+    MIN_TEMPERATURE,
+    GreedyProcessor,
+    MinPProcessor,
+    MultinomialProcessor,
+    NucleusProcessor,
+    TopKNucleusProcessor,
+    TopKProcessor,
+    make_processor,
+)
 
 LOGITS = torch.tensor([2.0, 1.0, 0.0, -1.0])  # softmax: 0.6439, 0.2369, 0.0871, 0.0321
 

@@ -4,8 +4,6 @@ multi-candidate verification rules and losslessness under sampling."""
 import pytest
 import torch
 
-from conftest import tiny_model
-from distribution import FALSE_ALARM, chi_square_test, exact_sequence_distribution
 from sampling.autoregressive import Autoregressive
 from sampling.base import DecodeConfig
 from sampling.drafters.base import Draft
@@ -14,6 +12,8 @@ from sampling.drafters.ngram import NGramStore
 from sampling.registry import STRATEGIES, StrategySettings, build_strategy
 from sampling.speculative import Speculative
 from sampling.verify import accept_stochastic, accept_tree_greedy, accept_tree_stochastic
+from tests.distribution import FALSE_ALARM, chi_square_test, exact_sequence_distribution
+from tests.helpers import tiny_model
 from utils.caching import CachedModel, tree_attention
 from utils.logits_processor import GreedyProcessor, MultinomialProcessor, TopKProcessor
 
@@ -198,6 +198,7 @@ def test_tree_stochastic_on_a_chain_is_accept_stochastic():
             n - 1, token)
 
 
+@pytest.mark.slow
 def test_tree_stochastic_rule_alone_is_exact():
     """Three candidates at the root, the third repeating the first's token, each with a child: the first committed
     token follows p[root], the second follows the row of the first; the repeat is never accepted."""
@@ -224,6 +225,7 @@ VOCAB, LENGTH, RUNS = 6, 3, 1000
 TOY_PROMPT = [1, 4, 2, 1, 4, 3, 1, 4, 2, 1, 4]  # (1, 4) was followed by 2 and by 3: two candidates at the root
 
 
+@pytest.mark.slow
 def test_lookahead_sampling_follows_the_target_distribution():
     """The first three tokens of seeded runs against their exact distribution by enumeration (top-k with
     temperature); a correct sampler fails with probability FALSE_ALARM = 1e-4."""

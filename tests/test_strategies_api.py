@@ -2,7 +2,6 @@
 every registered strategy streams rounds that add up to its result."""
 
 import pytest
-import torch
 
 from sampling.base import DecodeConfig, Round, Stats, clip
 from sampling.drafters.base import Draft

@@ -1,0 +1,111 @@
+"""Builders of tiny random causal LMs for the tests, built in milliseconds: in memory (float64 wherever equality is
+asserted), or saved like a hub checkpoint with a real tokenizer for the loader, the chat app and the benchmark (which
+take its directory as --target/--drafter).
+"""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+
+import torch
+from tokenizers import ByteLevelBPETokenizer, Tokenizer
+from tokenizers.models import WordLevel
+from tokenizers.pre_tokenizers import Whitespace
+from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+
+SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+CHAT_TEMPLATE = (
+    "{% for message in messages %}<|im_start|>{{ message['role'] }}\n{{ message['content'] }}<|im_end|>\n"
+    "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+CORPUS = [
+    "The quick brown fox jumps over the lazy dog. Speculative decoding drafts tokens and the target verifies them.",
+    "def add(a, b):\n    return a + b\n\nprint(add(1, 2))",
+    "Hello! How are you today? I am fine, thank you. What is two plus two? Two plus two is four.",
+]
+
+WORD_SPECIALS = ["<unk>", "<pad>", "<eos>", "<|im_start|>", "<|im_end|>"]
+WORD_CHAT_TEMPLATE = (
+    "{% for m in messages %}<|im_start|>{{ m['role'] }} {{ m['content'] }}<|im_end|>{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant{% endif %}"
+)
+
+
+def tiny_model(vocab_size: int = 97, seed: int = 0, layers: int = 2, hidden: int = 32, dtype=torch.float64,
+               max_positions: int = 512, intermediate: int | None = None, eos_token_id: int | None = None,
+               pad_token_id: int | None = None) -> LlamaForCausalLM:
+    """A random Llama in eval mode; `seed` fixes its weights."""
+    torch.manual_seed(seed)
+    config = LlamaConfig(vocab_size=vocab_size, hidden_size=hidden, intermediate_size=intermediate or 2 * hidden,
+                         num_hidden_layers=layers, num_attention_heads=4, num_key_value_heads=2,
+                         max_position_embeddings=max_positions, bos_token_id=None, eos_token_id=eos_token_id,
+                         pad_token_id=pad_token_id, tie_word_embeddings=False)
+    model = LlamaForCausalLM(config).to(dtype).eval()
+    # Random init gives near-uniform logits; sharpen them so sequences have structure and drafts get accepted.
+    with torch.no_grad():
+        model.lm_head.weight.mul_(8.0)
+    return model
+
+
+def noisy_copy(model: LlamaForCausalLM, seed: int = 7, scale: float = 0.25) -> LlamaForCausalLM:
+    """`model` with perturbed output weights: its first choice is often the original's, its second sometimes."""
+    noisy = copy.deepcopy(model)
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        w = noisy.lm_head.weight
+        w.add_(torch.randn(w.shape, generator=generator, dtype=w.dtype) * w.std() * scale)
+    return noisy
+
+
+def build_tokenizer(vocab_size: int = 320) -> PreTrainedTokenizerFast:
+    """A byte-level BPE trained on CORPUS, with the ChatML template: any text encodes."""
+    bpe = ByteLevelBPETokenizer()
+    bpe.train_from_iterator(CORPUS * 4, vocab_size=vocab_size, min_frequency=1, special_tokens=SPECIALS,
+                            show_progress=False)
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=bpe, eos_token="<|im_end|>", pad_token="<|endoftext|>",
+                                        bos_token=None, unk_token=None)
+    tokenizer.chat_template = CHAT_TEMPLATE
+    return tokenizer
+
+
+def word_tokenizer(words: int = 59, chat_template: str | None = WORD_CHAT_TEMPLATE,
+                   **special) -> PreTrainedTokenizerFast:
+    """A word-level tokenizer over WORD_SPECIALS + w0..w{words-1}: ids are predictable (<eos> is 2, <|im_end|> 4)."""
+    vocab = {token: index for index, token in enumerate(WORD_SPECIALS + [f"w{i}" for i in range(words)])}
+    backend = Tokenizer(WordLevel(vocab, unk_token="<unk>"))
+    backend.pre_tokenizer = Whitespace()
+    tokens = {"unk_token": "<unk>", "pad_token": "<pad>", "eos_token": "<eos>", **special}
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=backend, **tokens)
+    tokenizer.chat_template = chat_template
+    return tokenizer
+
+
+def save_tiny_checkpoint(directory: Path, seed: int = 0, layers: int = 2, hidden: int = 32, vocab_padding: int = 0,
+                         dtype=torch.float32, max_positions: int = 1024, intermediate: int | None = None,
+                         tokenizer: PreTrainedTokenizerFast | None = None) -> Path:
+    """Write model + tokenizer (build_tokenizer's unless given) + generation_config to `directory`;
+    `vocab_padding` adds embedding rows past the tokenizer's."""
+    tokenizer = tokenizer or build_tokenizer()
+    model = tiny_model(len(tokenizer) + vocab_padding, seed, layers, hidden, dtype, max_positions, intermediate,
+                       eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id)
+    model.generation_config = GenerationConfig(eos_token_id=[tokenizer.eos_token_id],
+                                               pad_token_id=tokenizer.pad_token_id)
+    directory = Path(directory)
+    model.save_pretrained(directory)
+    tokenizer.save_pretrained(directory)
+    return directory
+
+
+def save_tiny_pair(root: Path, **options) -> tuple[Path, Path]:
+    """A saved tiny target and a smaller, differently seeded drafter with the same tokenizer: (target, drafter)."""
+    return (save_tiny_checkpoint(Path(root) / "target", seed=0, **options),
+            save_tiny_checkpoint(Path(root) / "drafter", seed=1, layers=1, hidden=16, **options))
+
+
+def load_tiny_pair(root: Path):
+    """save_tiny_pair's models loaded like any pair: float32 on the CPU."""
+    from utils.loading import load_pair
+
+    target, drafter = save_tiny_pair(root)
+    return load_pair(str(target), str(drafter), device="cpu", dtype="float32", progress=False)
