@@ -21,20 +21,26 @@ import torch
 from benchmarks.contestants import OurStrategy
 from benchmarks.costs import measure_costs
 from benchmarks.hf_baselines import HF_BASELINES, build_hf_baselines, sampling_kwargs, sklearn_available
+from benchmarks.llamacpp import LLAMACPP, LlamaCpp, binary, missing_reason
 from benchmarks.prompts import DEFAULT_PROMPTS, chat_ids, count_by_category, load_prompts
-from benchmarks.report import machine_description, markdown, plot, print_tables, summarize, write_json
+from benchmarks.report import machine_description, markdown, plot, print_tables, results_page, summarize, write_json
 from benchmarks.runner import REFERENCE, Checkpoint, CheckpointMismatch, Encoder, RunSettings, run_benchmark
 from sampling.registry import NEEDS_DRAFTER, STRATEGIES, build_strategy
 from utils.caching import CachedModel
+from utils.calibration import applied, calibrate, choose, pair_key
 from utils.flags import (FlagError, ModelChoice, add_decoding_flags, add_model_flags, check_model_names, decoding,
                          model_choice)
-from utils.loading import load_model, load_pair
-from utils.presets import ModelLoadError, resolve_preset
+from utils.loading import LoadedPair, load_model, load_pair
+from utils.model_cache import embedded_gguf
+from utils.prepack import is_prepacked
+from utils.presets import EMBEDDED, ModelLoadError, default_cache_dir, resolve_preset
 
 NOT_BY_DEFAULT = ("drafter", "beam")  # not speculative methods: measured only when asked for
 UNIVERSAL_DRAFTER = "smollm2-135m"
 QUICK_PROMPTS, QUICK_TOKENS, FULL_TOKENS = 2, 16, 128
 SCHEMA_VERSION = 1
+RESULTS_DIR = Path("benchmarks/results")  # committed runs, each with its results.json
+RESULTS_PAGE = Path("benchmarks/RESULTS.md")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -51,8 +57,9 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--prompts", type=Path, default=DEFAULT_PROMPTS, help="JSONL prompt set (`turns`, `category`)")
     run.add_argument("--categories", help="comma-separated categories to keep")
     run.add_argument("--limit", type=int, help="at most N prompts per category")
-    run.add_argument("--strategies", help="comma-separated: ours (" + ", ".join(STRATEGIES) + ") and HF baselines ("
-                     + ", ".join(HF_BASELINES) + "); default: all but " + ", ".join(NOT_BY_DEFAULT))
+    run.add_argument("--strategies", help="comma-separated: ours (" + ", ".join(STRATEGIES) + "), HF baselines ("
+                     + ", ".join(HF_BASELINES) + ") and llama.cpp (" + ", ".join(LLAMACPP) + ", built by ./setup.sh "
+                     "--llamacpp); default: all but " + ", ".join(NOT_BY_DEFAULT + LLAMACPP))
     run.add_argument("--no-hf", action="store_true", help="skip the Hugging Face baselines")
     run.add_argument("--quick", action="store_true",
                      help=f"smoke run: {QUICK_PROMPTS} prompts, {QUICK_TOKENS} new tokens unless given")
@@ -66,6 +73,8 @@ def build_parser() -> argparse.ArgumentParser:
                      "in its progress.jsonl are kept, the rest are measured (the settings must be the same)")
     out.add_argument("--markdown", type=Path, help="also write the markdown summary to this path")
     out.add_argument("--no-progress", action="store_true", help="no progress bars")
+    out.add_argument("--results-page", action="store_true",
+                     help=f"only regenerate {RESULTS_PAGE} from the runs committed under {RESULTS_DIR}/ and exit")
     return p
 
 
@@ -88,9 +97,10 @@ def _validate(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
         p.error("--resume needs --out: the directory of the run to continue")
     if args.strategies:
         names = _split(args.strategies)
-        unknown = [n for n in names if n not in STRATEGIES + HF_BASELINES]
+        known = STRATEGIES + HF_BASELINES + LLAMACPP
+        unknown = [n for n in names if n not in known]
         if unknown:
-            p.error(f"unknown strategies {', '.join(unknown)}; choose from {', '.join(STRATEGIES + HF_BASELINES)}")
+            p.error(f"unknown strategies {', '.join(unknown)}; choose from {', '.join(known)}")
         if args.no_hf and any(n in HF_BASELINES for n in names):
             p.error("--no-hf contradicts the HF baselines named in --strategies")
     try:
@@ -105,14 +115,15 @@ def _split(text: str | None) -> list[str]:
 
 
 def selected_strategies(args: argparse.Namespace) -> tuple[list[str], list[str]]:
-    """(ours, hf), autoregressive always first among ours: it is the baseline and builds multi-turn contexts."""
+    """(ours, hf and llama.cpp), autoregressive always first among ours: it is the baseline and builds multi-turn
+    contexts."""
     if args.strategies:
         names = _split(args.strategies)
     else:
         names = [s for s in STRATEGIES if s not in NOT_BY_DEFAULT] + ([] if args.no_hf else list(HF_BASELINES))
     ours = [REFERENCE] + [n for n in dict.fromkeys(names) if n in STRATEGIES and n != REFERENCE]
-    hf = [n for n in dict.fromkeys(names) if n in HF_BASELINES]
-    return ours, hf
+    others = [n for n in dict.fromkeys(names) if n in HF_BASELINES + LLAMACPP]
+    return ours, others
 
 
 def model_specs(args: argparse.Namespace) -> tuple[ModelChoice, str | None]:
@@ -130,8 +141,32 @@ def timing_context(prompts, encode, max_new_tokens: int, limit: int) -> list[int
     return (ids * (wanted // len(ids) + 1))[:wanted]
 
 
+def llamacpp_contestant(name: str, pair: LoadedPair, args: argparse.Namespace) -> tuple[LlamaCpp | None, str | None]:
+    """llama.cpp on the GGUF files the embedded pair comes from (None and why where it cannot run)."""
+    cache_dir = args.cache_dir or default_cache_dir()
+    reason = missing_reason(cache_dir, name)
+    if reason is not None:
+        return None, reason
+    names = [pair.target.name] + ([pair.drafter.name] if name == "llamacpp_speculative" and pair.drafter else [])
+    if any(n not in EMBEDDED for n in names):
+        return None, "llama.cpp runs the embedded models' GGUF files: load an embedded pair"
+    if name == "llamacpp_speculative" and pair.drafter is None:
+        return None, "no drafter model loaded"
+    ggufs = [embedded_gguf(EMBEDDED[n], cache_dir) for n in names]
+    tokenizer = pair.target.tokenizer
+    return LlamaCpp(name, binary(cache_dir, name), ggufs[0], ggufs[1] if len(ggufs) > 1 else None,
+                    threads=torch.get_num_threads(),
+                    render=lambda ids: tokenizer.decode(ids, skip_special_tokens=False),
+                    tokenize=lambda text: tokenizer.encode(text, add_special_tokens=False),
+                    end_ids=pair.end_ids), None
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    if args.results_page:
+        RESULTS_PAGE.write_text(results_page(RESULTS_DIR), encoding="utf-8")
+        print(f"wrote {RESULTS_PAGE} from {len(list(RESULTS_DIR.glob('*/results.json')))} runs", file=sys.stderr)
+        return 0
     if args.threads:
         torch.set_num_threads(args.threads)
     if args.decoding.ignored:
@@ -146,7 +181,8 @@ def main(argv: list[str] | None = None) -> int:
     if not prompts:
         print("no prompts selected", file=sys.stderr)
         return 2
-    ours, hf = selected_strategies(args)
+    ours, others = selected_strategies(args)
+    hf = [n for n in others if n in HF_BASELINES]
     choice, universal_spec = model_specs(args)
     try:
         pair = load_pair(choice.target, choice.drafter, device=choice.device, dtype=args.dtype,
@@ -166,11 +202,19 @@ def main(argv: list[str] | None = None) -> int:
     tokenizer = target.tokenizer
     end_ids = pair.end_ids
 
-    settings = args.decoding.strategy
     target_lm = CachedModel(target.model)
     drafter_lm = CachedModel(drafter.model, drafter.dense) if drafter is not None else None
     cached = [lm for lm in (target_lm, drafter_lm) if lm is not None]
-    compiled = compile_drafter(drafter_lm, args.compile if args.compile is not None else device.type == "cpu")
+    settings, calibration = args.decoding.strategy, None
+    if args.calibrate:  # the chat's defaults on this machine: the drafting settings its timed forwards call for
+        cache_dir = args.cache_dir or default_cache_dir()
+        calibration, measured = calibrate(cache_dir, target_lm, drafter_lm, pair_key(pair))
+        choice = choose(calibration, settings)
+        settings = applied(choice, settings, args.decoding.explicit)
+        print(f"calibration ({'measured now' if measured else 'kept'}): " + "; ".join(choice.reasons),
+              file=sys.stderr)
+    compiled = compile_drafter(drafter_lm, args.compile if args.compile is not None else (
+        device.type == "cpu" and drafter is not None and not is_prepacked(drafter.model)))
     contestants, skipped = [], []
     for name in ours:
         if name in NEEDS_DRAFTER and drafter_lm is None:
@@ -178,11 +222,16 @@ def main(argv: list[str] | None = None) -> int:
             continue
         strategy = build_strategy(name, target_lm, drafter_lm, settings)
         contestants.append(OurStrategy(strategy, cached, asdict(settings), name in NEEDS_DRAFTER))
-    baselines, hf_skipped = build_hf_baselines(hf, target, drafter, universal, gamma=args.gamma,
-                                               lookup_max_ngram=settings.lookup_max_ngram,
-                                               explicit=bool(args.strategies))
+    baselines, hf_skipped = build_hf_baselines(hf, target, drafter, universal, gamma=settings.gamma,
+                                               lookup_max_ngram=settings.lookup_max_ngram)
     contestants += baselines
     skipped += [asdict(s) for s in hf_skipped]
+    for name in (n for n in others if n in LLAMACPP):
+        contestant, reason = llamacpp_contestant(name, pair, args)
+        if contestant is None:
+            skipped.append({"name": name, "reason": reason})
+        else:
+            contestants.append(contestant)
 
     config = replace(args.decoding.config, end_ids=end_ids)
     processor = config.processor
@@ -213,8 +262,8 @@ def main(argv: list[str] | None = None) -> int:
     stops_early = {c.name for c in contestants if getattr(c, "stops_early", False)}
     verified = {*gammas.values(), *(g for name in stops_early for g in range(1, gammas[name] + 1))}
     context = timing_context(prompts, encoder.encode, max_new_tokens,
-                             context_limit - max([args.gamma, *gammas.values()]) - 1)
-    costs = measure_costs(target_lm, drafter_lm, context, args.gamma, args.cost_repeats or (3 if args.quick else 7),
+                             context_limit - max([settings.gamma, *gammas.values()]) - 1)
+    costs = measure_costs(target_lm, drafter_lm, context, settings.gamma, args.cost_repeats or (3 if args.quick else 7),
                           tuple(sorted(verified)))
     drafter_models = {c.name for c in contestants if c.kind == "ours" and c.uses_drafter_model}
     summary = summarize(measurements, costs, gammas, drafter_models, stops_early)
@@ -231,10 +280,11 @@ def main(argv: list[str] | None = None) -> int:
             "drafter_compiled": compiled is not None, "drafter_compile_seconds": compiled,
             "target_quantize": target.quantize, "drafter_quantize": drafter.quantize if drafter else None,
             "universal_drafter": universal.name if universal else None,
-            "end_ids": list(end_ids), "max_new_tokens": max_new_tokens, "gamma": args.gamma,
+            "end_ids": list(end_ids), "max_new_tokens": max_new_tokens, "gamma": settings.gamma,
             "decoding": described, "greedy": processor.is_greedy, "temperature": args.temperature,
             "top_k": args.top_k, "top_p": args.top_p, "min_p": args.min_p, "seed": args.seed,
             "hf_sampling_kwargs": sampling_kwargs(processor), "strategy_settings": asdict(settings),
+            "calibration": calibration.as_dict() if calibration else None,
             "prompts": str(args.prompts), "categories": _split(args.categories) or None, "limit": args.limit,
             "quick": args.quick, "prompt_counts": count_by_category(prompts), "context_limit": context_limit,
             "warmup_tokens": run_settings.warmup_tokens, "sklearn_available": sklearn_available(),

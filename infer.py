@@ -226,11 +226,9 @@ def run(args: argparse.Namespace, chosen: Decoding, console: Console, errors: Co
 
 def calibrate_session(session, pair, cache_dir: Path | None, errors: Console, quiet: bool) -> None:
     """The drafting settings for this machine's measured costs (timed once per machine, models and formats)."""
-    from utils.calibration import machine_key
+    from utils.calibration import pair_key
 
-    device = next(pair.target.model.parameters()).device
-    key = machine_key(pair.target.label, pair.target.format, pair.drafter.label if pair.drafter else None,
-                      pair.drafter.format if pair.drafter else None, device)
+    key = pair_key(pair)
     status = contextlib.nullcontext() if quiet else errors.status("timing this machine's forwards (once) …")
     with status:
         tuning = session.calibrate(cache_dir or default_cache_dir(), key)

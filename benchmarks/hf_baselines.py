@@ -156,10 +156,9 @@ def quantized_drafter(drafter, bits: str):
     return quantized
 
 
-def build_hf_baselines(names: list[str], target, drafter, universal, *, gamma: int, lookup_max_ngram: int,
-                       explicit: bool) -> tuple[list[HFBaseline], list[Skipped]]:
-    """`target`, `drafter`, `universal` are LoadedModels (the last two may be None). `explicit`: the names were
-    asked for by the user (then the int8 drafter also runs in float32, where it is known to be very slow)."""
+def build_hf_baselines(names: list[str], target, drafter, universal, *, gamma: int,
+                       lookup_max_ngram: int) -> tuple[list[HFBaseline], list[Skipped]]:
+    """`target`, `drafter`, `universal` are LoadedModels (the last two may be None)."""
     low_bit = {"hf_assisted_int8": "int8", "hf_assisted_int4": "int4"}
     tokenizer = target.tokenizer
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
@@ -187,14 +186,10 @@ def build_hf_baselines(names: list[str], target, drafter, universal, *, gamma: i
                               {"assistant_model": drafter.model}, settings, drafter.label))
         elif name in low_bit:
             bits, dtype = low_bit[name], next(drafter.model.parameters()).dtype
-            try:  # the loader's rules for these weights (int4: bfloat16 activations only)
+            try:  # the loader's rules for these weights (on a CPU: bfloat16 activations only)
                 resolve_quantize(bits, dtype, drafter.model.device)
             except ModelLoadError as error:
                 skipped.append(Skipped(name, str(error)))
-                continue
-            if dtype == torch.float32 and drafter.model.device.type == "cpu" and not explicit:
-                skipped.append(Skipped(name, "int8 weights with float32 activations take seconds per token on CPU; "
-                                             "name it in --strategies to run it anyway"))
                 continue
             settings = {**defaults, "num_assistant_tokens": LOW_BIT_DRAFT_TOKENS}
             adaptive = "adaptive" if sklearn_available() else "fixed: scikit-learn is not installed"

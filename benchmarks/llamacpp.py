@@ -59,7 +59,8 @@ def parse_completion_log(log: str) -> Timings:
     generate = re.search(rf"\beval time =\s*{_NUMBER} ms /\s*(\d+) runs", log.replace("prompt eval time", ""))
     if prompt is None or generate is None:
         raise ValueError("llama-completion printed no timings; its log ends: " + log.strip()[-300:])
-    return Timings(float(prompt.group(1)) / 1e3, float(generate.group(1)) / 1e3, int(generate.group(2)))
+    # the first token comes from the prompt's logits: M runs evaluate the tokens before the last one sampled
+    return Timings(float(prompt.group(1)) / 1e3, float(generate.group(1)) / 1e3, int(generate.group(2)) + 1)
 
 
 def parse_speculative_log(log: str) -> Timings:
@@ -80,12 +81,11 @@ class LlamaCpp(Contestant):
     kind = "llamacpp"
 
     def __init__(self, name: str, executable: Path, target_gguf: Path, drafter_gguf: Path | None, threads: int,
-                 render: Callable[[list[int]], str], tokenize: Callable[[str], list[int]], end_ids: tuple[int, ...],
-                 draft_max: int = 8):
+                 render: Callable[[list[int]], str], tokenize: Callable[[str], list[int]], end_ids: tuple[int, ...]):
         if name == "llamacpp_speculative" and drafter_gguf is None:
             raise ValueError("llama.cpp's speculative decoding needs the drafter's GGUF file")
         self.name, self.executable, self.threads = name, executable, threads
-        self.target_gguf, self.drafter_gguf, self.draft_max = target_gguf, drafter_gguf, draft_max
+        self.target_gguf, self.drafter_gguf = target_gguf, drafter_gguf
         self.render, self.tokenize, self.end_ids = render, tokenize, end_ids
         self.uses_drafter_model = drafter_gguf is not None and name == "llamacpp_speculative"
 
@@ -100,7 +100,7 @@ class LlamaCpp(Contestant):
         if self.name == "llamacpp":
             return [str(self.executable), *common, "-no-cnv", "--no-display-prompt", "--no-warmup"]
         return [str(self.executable), *common, "-md", str(self.drafter_gguf), "-td", str(self.threads),
-                "--spec-draft-n-max", str(self.draft_max)]
+                "--spec-type", "draft-simple"]
 
     def run(self, prompt_ids: list[int], config: DecodeConfig) -> Result:
         prompt = self.render(prompt_ids)
@@ -130,4 +130,4 @@ class LlamaCpp(Contestant):
     def describe(self) -> dict:
         return {"name": self.name, "kind": self.kind, "binary": self.executable.name, "version": version(),
                 "target_gguf": str(self.target_gguf), "drafter_gguf": str(self.drafter_gguf) if self.drafter_gguf
-                else None, "threads": self.threads, "draft_max": self.draft_max if self.uses_drafter_model else None}
+                else None, "threads": self.threads}

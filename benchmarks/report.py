@@ -249,6 +249,10 @@ def markdown(report: dict) -> str:
         if contestant["kind"] == "hf":
             lines.append(f"- `{contestant['name']}`: {contestant['description']}; assistant generation_config "
                          f"`{json.dumps(contestant['assistant_generation_config'])}`")
+        elif contestant["kind"] == "llamacpp":
+            drafts = f", drafter `{contestant['drafter_gguf']}`" if contestant["drafter_gguf"] else ""
+            lines.append(f"- `{contestant['name']}`: llama.cpp {contestant['version']} `{contestant['binary']}` on "
+                         f"`{contestant['target_gguf']}`{drafts}, {contestant['threads']} threads, its own defaults")
         else:
             lines.append(f"- `{contestant['name']}`: ours ({contestant['class']})")
     for skipped in report["skipped_contestants"]:

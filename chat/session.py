@@ -23,7 +23,7 @@ from sampling.registry import build_strategy
 from sampling.settings import CALIBRATED, NEEDS_DRAFTER, STRATEGIES, StrategySettings
 from utils.background import PausableThread
 from utils.caching import CachedModel, common_prefix_length
-from utils.calibration import Calibration, Choice, calibrate, choose
+from utils.calibration import Calibration, Choice, applied, calibrate, choose
 from utils.checks import integer
 from utils.logits_processor import GreedyProcessor, LogitsProcessor
 
@@ -233,10 +233,9 @@ class ChatSession:
         for, except those the user chose (`keep_settings`); what was chosen and why is kept in `tuning`."""
         calibration, measured = calibrate(cache_dir, self.target, self.drafter, key, again=again)
         choice = choose(calibration, self.settings.strategy)
-        chosen = {name: getattr(choice.settings, name) for name in CALIBRATED if name not in self.keep_settings}
-        self.update_strategy(**chosen)
+        self.update(strategy=applied(choice, self.settings.strategy, self.keep_settings))
         self.calibration_key, self.cache_dir = key, cache_dir
-        self.tuning = Tuning(choice, calibration, measured, tuple(sorted(set(CALIBRATED) - set(chosen))))
+        self.tuning = Tuning(choice, calibration, measured, tuple(sorted(self.keep_settings & set(CALIBRATED))))
         return self.tuning
 
     def reset(self) -> None:

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import torch
 
-from sampling.settings import StrategySettings
+from sampling.settings import CALIBRATED, StrategySettings
 from utils.caching import CachedModel
 
 WIDTHS = (1, 2, 3, 4, 5, 6, 8, 10, 12, 14, 16, 20)  # new tokens per timed target forward
@@ -220,3 +220,15 @@ def choose(calibration: Calibration, base: StrategySettings = StrategySettings()
     settings = replace(base, gamma=gamma, verify_width=width, draft_alternatives=alternatives,
                        draft_cumulative=cumulative)
     return Choice(settings, tuple(reasons), rate[gamma])
+
+
+def pair_key(pair) -> dict:
+    """`machine_key` for a loaded pair (utils.loading.LoadedPair)."""
+    drafter = pair.drafter
+    return machine_key(pair.target.label, pair.target.format, drafter.label if drafter else None,
+                       drafter.format if drafter else None, next(pair.target.model.parameters()).device)
+
+
+def applied(choice: Choice, settings: StrategySettings, keep: frozenset[str] = frozenset()) -> StrategySettings:
+    """`settings` with the calibrated ones `choice` calls for, but those in `keep` (chosen by the user)."""
+    return replace(settings, **{name: getattr(choice.settings, name) for name in CALIBRATED if name not in keep})
