@@ -27,7 +27,8 @@ from benchmarks.contestants import Contestant
 from sampling.base import DecodeConfig, Result, Stats, clip
 from utils.logits_processor import LogitsProcessor
 from utils.presets import ModelLoadError
-from utils.quantize import quantize_weights, resolve_quantize
+from utils.prepack import unpack
+from utils.quantize import activation_dtype, quantize_weights, resolve_quantize
 
 HF_BASELINES = ("hf_generate", "hf_assisted", "hf_assisted_gamma", "hf_assisted_int8", "hf_assisted_int4",
                 "hf_universal", "hf_prompt_lookup")
@@ -151,7 +152,9 @@ def quantized_drafter(drafter, bits: str):
     """`drafter` (a LoadedModel) with `bits` weights: itself when loaded so, else a quantized copy of its dense weights."""
     if drafter.quantize == bits:
         return drafter.model
-    quantized = copy.deepcopy(drafter.dense if drafter.dense is not None else drafter.model)
+    quantized = unpack(copy.deepcopy(drafter.dense if drafter.dense is not None else drafter.model))
+    device = next(quantized.parameters()).device
+    quantized.to(activation_dtype(bits, next(quantized.parameters()).dtype, device))  # a float32 prefill copy too
     quantize_weights(quantized, bits)
     return quantized
 

@@ -195,3 +195,20 @@ def test_a_failed_compile_leaves_the_model_eager(target_model, monkeypatch):
     with pytest.raises(RuntimeError, match="no C\\+\\+ compiler"):
         lm.compile_step()
     assert lm.step_model is None and lm.tokens == []
+
+
+def test_a_prefill_model_of_another_dtype_shares_the_cache_cast_to_each_models_dtype(target_model):
+    """A CPU without native bf16: int4 steps compute in bfloat16, prompts prefill faster in float32."""
+    decode = copy.deepcopy(target_model).to(torch.bfloat16)
+    prefill = copy.deepcopy(target_model).to(torch.float32)
+    lm = CachedModel(decode, prefill_model=prefill, prefill_from=4)
+    reference = CachedModel(copy.deepcopy(target_model).to(torch.float32))
+    ids = [5, 17, 42, 8, 5, 17, 42, 9]
+    lm.forward(ids)
+    assert {layer.keys.dtype for layer in lm.cache.layers} == {torch.float32}
+    step = lm.forward([33])  # a bfloat16 step on the float32 prefill's cache
+    assert {layer.keys.dtype for layer in lm.cache.layers} == {torch.bfloat16}
+    lm.forward([5, 17, 42, 8])  # and a prefill again after bfloat16 steps
+    assert {layer.keys.dtype for layer in lm.cache.layers} == {torch.float32}
+    expected = reference.forward(ids + [33])
+    assert step.argmax(-1) == expected.argmax(-1) and torch.allclose(step, expected, atol=0.5)

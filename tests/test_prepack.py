@@ -12,7 +12,7 @@ from sampling.drafters.model import ModelDrafter
 from sampling.speculative import Speculative
 from tests.helpers import tiny_model
 from utils.caching import CachedModel
-from utils.prepack import PackedLinear, available, prepack
+from utils.prepack import PackedLinear, available, prepack, unpack
 
 pytestmark = pytest.mark.skipif(not available(), reason="this torch build has no oneDNN")
 
@@ -45,6 +45,8 @@ def test_a_packed_layer_copies_with_its_weights():
     assert twin.bias is not packed.bias
     x = torch.randn(3, 16)
     assert torch.equal(twin(x), packed(x))
+    model = nn.Sequential(copy.deepcopy(packed))
+    assert type(unpack(model)[0]) is nn.Linear and torch.equal(model[0].weight, dense.weight)
 
 
 def test_only_float32_cpu_weights_are_packed():

@@ -107,6 +107,7 @@ class CachedModel:
         try:
             prefill = self.prefill_model is not None and len(ids) >= self.prefill_from
             model = self.step_model if step else self.prefill_model if prefill else self.model
+            self._cache_in((self.prefill_model if prefill else self.model).dtype)
             with torch.inference_mode() if step else contextlib.nullcontext():  # the graph was compiled for it
                 out = model(input_ids=input_ids, past_key_values=self.cache, use_cache=True, logits_to_keep=keep,
                             **model_kwargs)
@@ -117,6 +118,13 @@ class CachedModel:
         self.forwards += 1
         logits = out.logits[0, -keep:]
         return logits if logits.dtype == torch.float64 else logits.float()
+
+    def _cache_in(self, dtype: torch.dtype) -> None:
+        """The cached keys and values in `dtype`: a prefill model may compute in another dtype than the decoding one
+        (float32 prefill, int4 weights with bfloat16 activations for the steps on a CPU without native bf16)."""
+        for layer in self.cache.layers:  # no public Cache API casts; the same per-layer keys and values as `keep`
+            if getattr(layer, "keys", None) is not None and layer.keys.dtype != dtype:
+                layer.keys, layer.values = layer.keys.to(dtype), layer.values.to(dtype)
 
     def compile_step(self, workers: int | None = None) -> float:
         """Compile `model` for one-token forwards (torch.compile, the context length dynamic) and hand them to it.

@@ -32,6 +32,7 @@ class PackedLinear(nn.Module):
         self.register_buffer("packed", torch.ops.mkldnn._reorder_linear_weight(weight, rows))
         self.bias = linear.bias
 
+    @torch.no_grad()  # inference only: with autograd recording, oneDNN took a slow path (a prefill 3x as long)
     def forward(self, x: Tensor) -> Tensor:
         return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [], "")
 
@@ -39,14 +40,17 @@ class PackedLinear(nn.Module):
         """The weight in its plain (out, in) layout."""
         return self.packed.to_dense()
 
-    def __deepcopy__(self, memo: dict) -> PackedLinear:
-        # a packed tensor has no storage to copy: repack a plain copy of the weight
+    def unpacked(self) -> nn.Linear:
+        """A plain `nn.Linear` with the same weights."""
         plain = nn.Linear(self.in_features, self.out_features, bias=self.bias is not None)
         with torch.no_grad():
             plain.weight.copy_(self.dense_weight())
             if self.bias is not None:
                 plain.bias.copy_(self.bias)
-        return PackedLinear(plain)
+        return plain
+
+    def __deepcopy__(self, memo: dict) -> PackedLinear:
+        return PackedLinear(self.unpacked())  # a packed tensor has no storage to copy: repack a plain copy
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}"
@@ -67,3 +71,12 @@ def prepack(model: nn.Module) -> int:
                 setattr(parent, name, PackedLinear(child))
                 count += 1
     return count
+
+
+def unpack(model: nn.Module) -> nn.Module:
+    """Replace, in place, every `PackedLinear` by a plain `nn.Linear` (to convert or quantize the weights); `model`."""
+    for parent in list(model.modules()):
+        for name, child in list(parent.named_children()):
+            if isinstance(child, PackedLinear):
+                setattr(parent, name, child.unpacked())
+    return model
