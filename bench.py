@@ -28,8 +28,15 @@ from benchmarks.runner import REFERENCE, Checkpoint, CheckpointMismatch, Encoder
 from sampling.registry import NEEDS_DRAFTER, STRATEGIES, build_strategy
 from utils.caching import CachedModel
 from utils.calibration import applied, calibrate, choose, pair_key
-from utils.flags import (FlagError, ModelChoice, add_decoding_flags, add_model_flags, check_model_names, decoding,
-                         model_choice)
+from utils.flags import (
+    FlagError,
+    ModelChoice,
+    add_decoding_flags,
+    add_model_flags,
+    check_model_names,
+    decoding,
+    model_choice,
+)
 from utils.loading import LoadedPair, load_model, load_pair
 from utils.model_cache import embedded_gguf
 from utils.prepack import is_prepacked

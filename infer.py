@@ -32,8 +32,15 @@ from pathlib import Path
 from rich.console import Console
 
 from sampling.settings import NEEDS_DRAFTER, STRATEGIES
-from utils.flags import (Decoding, FlagError, add_decoding_flags, add_model_flags, check_model_names,
-                         decoding, model_choice)
+from utils.flags import (
+    Decoding,
+    FlagError,
+    add_decoding_flags,
+    add_model_flags,
+    check_model_names,
+    decoding,
+    model_choice,
+)
 from utils.presets import default_cache_dir
 
 DEFAULT_STRATEGIES = ("auto", "speculative", "autoregressive")

@@ -16,8 +16,8 @@ import contextlib
 import copy
 import importlib.util
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Iterator
 
 import torch
 from transformers import GenerationConfig
@@ -26,8 +26,8 @@ from transformers.generation.streamers import BaseStreamer
 from benchmarks.contestants import Contestant
 from sampling.base import DecodeConfig, Result, Stats, clip
 from utils.logits_processor import LogitsProcessor
-from utils.presets import ModelLoadError
 from utils.prepack import unpack
+from utils.presets import ModelLoadError
 from utils.quantize import activation_dtype, quantize_weights, resolve_quantize
 
 HF_BASELINES = ("hf_generate", "hf_assisted", "hf_assisted_gamma", "hf_assisted_int8", "hf_assisted_int4",

@@ -12,9 +12,9 @@ from __future__ import annotations
 import re
 import subprocess
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
 from benchmarks.contestants import Contestant
 from sampling.base import DecodeConfig, Result, Stats

@@ -16,9 +16,9 @@ from __future__ import annotations
 
 import json
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
 from tqdm import tqdm
 
@@ -47,7 +47,7 @@ class RunSettings:
 
 def first_difference(a: list[int], b: list[int]) -> int | None:
     """Index of the first position where the outputs differ (the shorter length if one is a prefix of the other)."""
-    for i, (x, y) in enumerate(zip(a, b)):
+    for i, (x, y) in enumerate(zip(a, b, strict=False)):
         if x != y:
             return i
     return None if len(a) == len(b) else min(len(a), len(b))

@@ -10,17 +10,17 @@ from __future__ import annotations
 import difflib
 import inspect
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
-from typing import Callable, Protocol
+from typing import Protocol
 
 from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from chat.render import (comparison_table, describe_processor, detail_table, running, say, totals_table, turn_rows,
-                         warn)
+from chat.render import comparison_table, describe_processor, detail_table, running, say, totals_table, turn_rows, warn
 from chat.session import ChatSession, ModelInfo
 from chat.transcript import transcript, transcript_markdown, write_file
 from chat.turn import Turn
@@ -148,7 +148,7 @@ def parse_processor(text: str) -> LogitsProcessor:
     if len(positional) > len(params):
         expected = ", ".join(params) or "no values"
         raise UsageError(f"{name} takes {expected}; got {len(positional)} values")
-    kwargs = {p: _number(w, params[p]) for p, w in zip(params, positional)}
+    kwargs = {p: _number(w, params[p]) for p, w in zip(params, positional, strict=False)}
     for word in (w for w in words[1:] if "=" in w):
         key, _, value = word.partition("=")
         key = key.lower().replace("-", "_")

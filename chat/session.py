@@ -11,9 +11,9 @@ the turn the drafter just saw, and it would prefill the whole conversation again
 from __future__ import annotations
 
 import contextlib
-from pathlib import Path
+from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
-from typing import Iterator
+from pathlib import Path
 
 import torch
 from jinja2 import TemplateError
@@ -26,7 +26,6 @@ from utils.caching import CachedModel, common_prefix_length
 from utils.calibration import Calibration, Choice, applied, calibrate, choose
 from utils.checks import integer
 from utils.logits_processor import GreedyProcessor, LogitsProcessor
-
 
 COMPILING = "compiling (background)"
 

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import time
 from abc import ABC, abstractmethod
+from collections.abc import Iterable, Iterator
 from dataclasses import KW_ONLY, dataclass, field
 from itertools import zip_longest
-from typing import TYPE_CHECKING, Iterable, Iterator
+from typing import TYPE_CHECKING
 
 from utils.checks import integer
 from utils.logits_processor import GreedyProcessor, LogitsProcessor
@@ -145,7 +146,7 @@ class Stats:
     def acceptance_by_position(self) -> list[float] | None:
         if self.drafted_by_position is None or self.accepted_by_position is None:
             return None
-        return [a / d if d else 0.0 for a, d in zip(self.accepted_by_position, self.drafted_by_position)]
+        return [a / d if d else 0.0 for a, d in zip(self.accepted_by_position, self.drafted_by_position, strict=False)]
 
     @property
     def decode_time(self) -> float:

@@ -5,8 +5,18 @@ from __future__ import annotations
 import pytest
 from rich.console import Console
 
-from chat.render import (ComparisonRow, ConsoleView, Detokenizer, banner, comparison_table, session_totals, speedup,
-                         stats_line, totals_table, warn)
+from chat.render import (
+    ComparisonRow,
+    ConsoleView,
+    Detokenizer,
+    banner,
+    comparison_table,
+    session_totals,
+    speedup,
+    stats_line,
+    totals_table,
+    warn,
+)
 from chat.session import ChatSession, ChatSettings, ModelInfo, Plan, Run
 from chat.turn import Turn
 from sampling.base import Round, Stats

@@ -6,11 +6,11 @@ import pytest
 import torch
 from torch import nn
 
-from tests.helpers import tiny_model
 from sampling.autoregressive import Autoregressive
 from sampling.base import DecodeConfig
 from sampling.drafters.model import ModelDrafter
 from sampling.speculative import Speculative
+from tests.helpers import tiny_model
 from utils.caching import CachedModel
 from utils.int8 import Int8Linear, quantize, to_int8
 

@@ -19,11 +19,11 @@ from tests.helpers import WORD_CHAT_TEMPLATE, save_tiny_checkpoint, word_tokeniz
 from utils import devices, gguf, model_cache
 from utils.devices import cpuinfo_has_bf16, resolve_device, resolve_dtype
 from utils.errors import REASON_CHARS, one_line
+from utils.int8 import Int8Linear
 from utils.loading import LoadedModel, load_model, load_pair
 from utils.model_cache import CacheLayout, is_complete
-from utils.presets import EMBEDDED, PRESETS, EmbeddedModel, ModelLoadError, Preset, default_cache_dir, resolve_preset
-from utils.int8 import Int8Linear
 from utils.prepack import PackedLinear
+from utils.presets import EMBEDDED, PRESETS, EmbeddedModel, ModelLoadError, Preset, default_cache_dir, resolve_preset
 from utils.quantize import resolve_quantize
 from utils.vocab import check_same_vocab, end_token_ids
 

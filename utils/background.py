@@ -12,7 +12,8 @@ from __future__ import annotations
 import contextlib
 import sys
 import threading
-from typing import Callable, Generic, Iterator, TypeVar
+from collections.abc import Callable, Iterator
+from typing import Generic, TypeVar
 
 T = TypeVar("T")
 

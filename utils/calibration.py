@@ -69,7 +69,7 @@ class Calibration:
         widths = sorted(self.target_ms)
         if tokens <= widths[0]:
             return 1.0
-        for low, high in zip(widths, widths[1:]):
+        for low, high in zip(widths, widths[1:], strict=False):
             if tokens <= high:
                 share = (tokens - low) / (high - low)
                 ms = self.target_ms[low] + share * (self.target_ms[high] - self.target_ms[low])

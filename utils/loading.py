@@ -19,9 +19,9 @@ from utils.devices import resolve_device, resolve_dtype
 from utils.errors import one_line
 from utils.gguf import pip_install_command
 from utils.model_cache import embedded_hf_dir, gguf_file_hf_dir
-from utils.presets import EMBEDDED, ModelLoadError, default_cache_dir
 from utils.prepack import available as prepack_available
 from utils.prepack import is_prepacked, prepack
+from utils.presets import EMBEDDED, ModelLoadError, default_cache_dir
 from utils.quantize import activation_dtype, quantize_weights, resolve_quantize
 from utils.vocab import check_same_vocab, end_token_ids
 

@@ -9,7 +9,6 @@ from utils.int4 import to_int4
 from utils.int8 import to_int8
 from utils.presets import QUANTIZE_CHOICES, ModelLoadError
 
-
 LOW_BIT_CPU = ("int4", "int8")  # torch's packed CPU kernels, which take bfloat16 activations
 
 
@@ -48,7 +47,8 @@ def quantize_weights(model: PreTrainedModel, quantize: str) -> None:
     if quantize == "int8" and next(model.parameters()).device.type == "cpu":
         to_int8(model)
     elif quantize == "int8":
-        from optimum.quanto import freeze, qint8, quantize as quanto_quantize  # why: slow import
+        from optimum.quanto import freeze, qint8  # why: slow import
+        from optimum.quanto import quantize as quanto_quantize
 
         quanto_quantize(model, weights=qint8)
         freeze(model)

@@ -4,8 +4,9 @@ then hear back what the target committed."""
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Iterable
 from dataclasses import KW_ONLY, dataclass
-from typing import TYPE_CHECKING, Iterable
+from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor
