@@ -70,7 +70,8 @@ def build_parser() -> argparse.ArgumentParser:
     models.add_argument("--compile", action=argparse.BooleanOptionalAction,
                         help="compile the drafter's one-token forward (torch.compile; tens of seconds, in the "
                              "background while the chat waits for the first prompt, which waits for it if sent "
-                             "earlier). Default: on in the chat when the drafter runs on a CPU, off for one prompt (-p)")
+                             "earlier). Default: on in the chat when the drafter runs on a CPU, off for one "
+                             "prompt (-p)")
     decoding_flags = p.add_argument_group("decoding")
     decoding_flags.add_argument("--strategy", "--strategies", metavar="LIST",
                                 help=f"comma-separated strategies to run, in order; the first one's answer goes into "
@@ -137,7 +138,8 @@ def read_prompt(args: argparse.Namespace) -> str | None:
     try:
         return args.prompt_file.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as error:
-        raise InputError(f"cannot read --prompt-file {args.prompt_file}: {getattr(error, 'strerror', None) or error}")
+        reason = getattr(error, "strerror", None) or error
+        raise InputError(f"cannot read --prompt-file {args.prompt_file}: {reason}") from None
 
 
 def make_settings(args: argparse.Namespace, chosen: Decoding, strategies: tuple[str, ...]):

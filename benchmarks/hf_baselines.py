@@ -149,7 +149,8 @@ class Skipped:
 
 
 def quantized_drafter(drafter, bits: str):
-    """`drafter` (a LoadedModel) with `bits` weights: itself when loaded so, else a quantized copy of its dense weights."""
+    """`drafter` (a LoadedModel) with `bits` weights: itself when loaded so, else a quantized copy of its dense
+    weights."""
     if drafter.quantize == bits:
         return drafter.model
     quantized = unpack(copy.deepcopy(drafter.dense if drafter.dense is not None else drafter.model))
@@ -185,7 +186,8 @@ def build_hf_baselines(names: list[str], target, drafter, universal, *, gamma: i
         elif name == "hf_assisted_gamma":
             settings = {"num_assistant_tokens": gamma, "num_assistant_tokens_schedule": "constant",
                         "assistant_confidence_threshold": 0.0}
-            built.append(make(name, f"assisted generation, {gamma} drafts every round (ours: gamma), no confidence stop",
+            built.append(make(name, f"assisted generation, {gamma} drafts every round (ours: gamma), "
+                                    "no confidence stop",
                               {"assistant_model": drafter.model}, settings, drafter.label))
         elif name in low_bit:
             bits, dtype = low_bit[name], next(drafter.model.parameters()).dtype
@@ -196,10 +198,11 @@ def build_hf_baselines(names: list[str], target, drafter, universal, *, gamma: i
                 continue
             settings = {**defaults, "num_assistant_tokens": LOW_BIT_DRAFT_TOKENS}
             adaptive = "adaptive" if sklearn_available() else "fixed: scikit-learn is not installed"
-            built.append(make(name, f"assisted generation, {bits} drafter (our loader's weights), {LOW_BIT_DRAFT_TOKENS} "
-                                    f"draft tokens, confidence threshold {defaults['assistant_confidence_threshold']} "
-                                    f"({adaptive})",
-                              {"assistant_model": quantized_drafter(drafter, bits)}, settings, f"{drafter.name} ({bits})"))
+            built.append(make(name, f"assisted generation, {bits} drafter (our loader's weights), "
+                                    f"{LOW_BIT_DRAFT_TOKENS} draft tokens, confidence threshold "
+                                    f"{defaults['assistant_confidence_threshold']} ({adaptive})",
+                              {"assistant_model": quantized_drafter(drafter, bits)}, settings,
+                              f"{drafter.name} ({bits})"))
         elif name == "hf_universal":
             if universal is None:
                 skipped.append(Skipped(name, "no cross-tokenizer drafter (--universal-drafter) loaded"))

@@ -46,8 +46,10 @@ def _group(measurements: list[dict], costs: ForwardCosts | None, gammas: dict[st
     strategies = list(dict.fromkeys(m["strategy"] for m in measurements))
     stats = {s: _stats([m for m in measurements if m["strategy"] == s]) for s in strategies}
     for name, s in stats.items():
-        s["speedup_vs_autoregressive"] = _ratio(s["tokens_per_second"], stats.get(REFERENCE, {}).get("tokens_per_second"))
-        s["speedup_vs_hf_generate"] = _ratio(s["tokens_per_second"], stats.get(HF_REFERENCE, {}).get("tokens_per_second"))
+        s["speedup_vs_autoregressive"] = _ratio(s["tokens_per_second"],
+                                                stats.get(REFERENCE, {}).get("tokens_per_second"))
+        s["speedup_vs_hf_generate"] = _ratio(s["tokens_per_second"],
+                                             stats.get(HF_REFERENCE, {}).get("tokens_per_second"))
         s["decode_speedup_vs_autoregressive"] = _ratio(s["decode_tokens_per_second"],
                                                        stats.get(REFERENCE, {}).get("decode_tokens_per_second"))
         s["speedup_bound"] = None
@@ -236,7 +238,8 @@ def markdown(report: dict) -> str:
             "",
             f"At a context of {costs['context_length']} tokens: T_target(1) = {costs['t_target_1'] * 1e3:.1f} ms, "
             f"T_target({costs['gamma'] + 1}) = {costs['t_target_verify'] * 1e3:.1f} ms (verify cost "
-            f"{costs['verify_cost_ratio']:.2f}× one step), T_draft(1) = {draft} (drafter/target cost ratio c = {ratio}).",
+            f"{costs['verify_cost_ratio']:.2f}× one step), T_draft(1) = {draft} "
+            f"(drafter/target cost ratio c = {ratio}).",
             "The bound is Leviathan et al.'s S = E[N]·T_target(1) / (γ·T_draft + T_target(γ+1)), "
             "E[N] = (1 − α^(γ+1)) / (1 − α), with α the measured per-token acceptance (accepted / drafts checked); "
             "n-gram and lookup drafts cost nothing. A draft model that stops early (a cumulative or confidence "

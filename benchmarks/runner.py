@@ -127,7 +127,8 @@ def run_benchmark(prompts: list[Prompt], contestants: list[Contestant], encoder:
                 if len(prompt_ids) + config.max_new_tokens > settings.context_limit:
                     reason = (f"{len(prompt_ids)} prompt tokens + {config.max_new_tokens} new tokens exceed the "
                               f"context of {settings.context_limit}")
-                    skipped.append({"prompt_id": prompt.id, "category": prompt.category, "turn": turn, "reason": reason})
+                    skipped.append({"prompt_id": prompt.id, "category": prompt.category, "turn": turn,
+                                    "reason": reason})
                     bar.update(len(contestants) * (len(prompt.turns) - turn))
                     break
                 runs = {}

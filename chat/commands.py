@@ -68,7 +68,8 @@ class Command:
 
 # The settings' names in the words of the commands that set them, for the settings' own bound errors.
 SETTING_WORDS = {"max_new_tokens": "max new tokens", "ngram_n": "n-gram size", "ngram_kind": "store kind",
-                 "ngram_filler_top_k": "filler top-k", "lookup_max_ngram": "max n-gram", "lookup_min_ngram": "min n-gram",
+                 "ngram_filler_top_k": "filler top-k", "lookup_max_ngram": "max n-gram",
+                 "lookup_min_ngram": "min n-gram",
                  "draft_alternatives": "draft alternatives", "verify_width": "verify width",
                  "draft_cumulative": "the cumulative threshold", "lookahead_window": "window W",
                  "lookahead_ngram": "n-gram size N", "lookahead_candidates": "candidates G",

@@ -43,7 +43,8 @@ def accept_stochastic(x: Tensor, p: Tensor, q: Tensor | None, generator: torch.G
     u = torch.rand(k, generator=generator, device=p.device, dtype=p.dtype)
     accepted = u * q_x < p_x  # u < p/q without dividing by a zero q
     n = accepted.long().cumprod(0).sum()
-    # Residual mass 0 means p <= q everywhere, i.e. p == q: rejection then has probability 0; fall back to p (0/0 guard).
+    # Residual mass 0 means p <= q everywhere, i.e. p == q: rejection then has probability 0; fall back to p
+    # (0/0 guard).
     mass = residual.sum(-1, keepdim=True)
     residual = torch.where(mass > 0, residual / mass.clamp_min(torch.finfo(p.dtype).tiny), p[:k])
     next_dist = torch.cat([residual, p[k:]])  # (k+1, V): correction at each rejection point, then the bonus

@@ -101,7 +101,8 @@ def test_a_float32_cpu_model_is_prepacked_and_predicts_as_before(tiny_dir):
 @pytest.mark.parametrize("dtype, given, device, expected", [
     (torch.bfloat16, True, "cpu", "int4"), (torch.float32, True, "cpu", "none"), (torch.float16, True, "cpu", "none"),
     (torch.float32, False, "cpu", "int4"),
-    (torch.float16, True, "cuda", "int8"), (torch.bfloat16, True, "cuda", "int8"), (torch.float32, True, "cuda", "none"),
+    (torch.float16, True, "cuda", "int8"), (torch.bfloat16, True, "cuda", "int8"),
+    (torch.float32, True, "cuda", "none"),
     (torch.bfloat16, True, "mps", "none"),
 ])
 def test_auto_quantize_picks_the_low_bit_kernels_that_pay_off(dtype, given, device, expected):

@@ -141,7 +141,8 @@ def decoding(args: argparse.Namespace) -> Decoding:
     try:
         # An answer of no tokens is no answer: both command lines ask for one at least (DecodeConfig allows 0).
         integer("max_new_tokens", args.max_new_tokens, 1)
-        given = {name: getattr(args, flag) for name, flag in CALIBRATED_FLAGS.items() if getattr(args, flag) is not None}
+        given = {name: getattr(args, flag) for name, flag in CALIBRATED_FLAGS.items()
+                 if getattr(args, flag) is not None}
         strategy = StrategySettings(num_beams=args.num_beams, lookahead_window=window, lookahead_ngram=ngram,
                                     lookahead_candidates=candidates, **given)
         processor = make_processor(args.temperature, args.top_k, args.top_p, args.min_p)

@@ -71,8 +71,8 @@ def check_files(layout: CacheLayout, verify: bool = False, progress: bool = Fals
             raise ModelLoadError(f"{path} has {size} bytes, the conversion wrote {record['size']}: the converted copy "
                                  f"is damaged. {fix}")
         if verify and (actual := sha256_file(path, progress)) != record["sha256"]:
-            raise ModelLoadError(f"{path} has sha256 {actual[:16]}..., the conversion wrote {record['sha256'][:16]}...: "
-                                 f"the converted copy is damaged. {fix}")
+            raise ModelLoadError(f"{path} has sha256 {actual[:16]}..., the conversion wrote "
+                                 f"{record['sha256'][:16]}...: the converted copy is damaged. {fix}")
 
 
 def _read_marker(layout: CacheLayout) -> dict:

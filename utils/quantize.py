@@ -15,7 +15,8 @@ LOW_BIT_CPU = ("int4", "int8")  # torch's packed CPU kernels, which take bfloat1
 def resolve_quantize(quantize: str, dtype: torch.dtype, device: torch.device, dtype_given: bool = True) -> str:
     """ "none", "int8" or "int4". On a CPU both run on torch's packed kernels with bfloat16 activations, whatever the
     CPU (low-bit weights cut the bytes a decode step reads); on CUDA int8 is optimum-quanto's. "auto": int4 on a CPU
-    (none where another dtype than bfloat16 was asked for by name: float32 for exact comparisons), int8 with 16-bit activations on CUDA.
+    (none where another dtype than bfloat16 was asked for by name: float32 for exact comparisons), int8 with 16-bit
+    activations on CUDA.
     `dtype_given`: False when `dtype` is the machine's default rather than the user's choice; low-bit CPU weights then
     bring their own bfloat16 activations (`activation_dtype`)."""
     if quantize not in QUANTIZE_CHOICES:
@@ -29,8 +30,9 @@ def resolve_quantize(quantize: str, dtype: torch.dtype, device: torch.device, dt
         else:
             return "int8" if device.type == "cuda" and dtype in (torch.bfloat16, torch.float16) else "none"
     if quantize in LOW_BIT_CPU and device.type == "cpu" and dtype_given and dtype != torch.bfloat16:
-        raise ModelLoadError(f"{quantize} weights need bfloat16 activations (torch's packed {quantize} CPU kernel), not "
-                             f"{str(dtype).removeprefix('torch.')}. Fix: add --dtype bfloat16 (or auto), or use none.")
+        raise ModelLoadError(f"{quantize} weights need bfloat16 activations (torch's packed {quantize} CPU kernel), "
+                             f"not {str(dtype).removeprefix('torch.')}. Fix: add --dtype bfloat16 (or auto), or use "
+                             "none.")
     return quantize
 
 

@@ -73,10 +73,10 @@ class LookaheadDrafter(NGramDrafter):
         tokens, parents = trie(candidates)
         self.rows[0][0] = ids[-1]
         node = {(0, 0): -1}  # (row, column) -> tree node; row 0's column 0 is the root
-        for l, row in enumerate(self.rows):
-            for j in range(1 if l == 0 else 0, self.window):
-                node[l, j] = len(tokens)
-                parents.append(node[l, j - 1] if l == 0 else node[l - 1, j])
+        for level, row in enumerate(self.rows):
+            for j in range(1 if level == 0 else 0, self.window):
+                node[level, j] = len(tokens)
+                parents.append(node[level, j - 1] if level == 0 else node[level - 1, j])
                 tokens.append(row[j])
         self.top_nodes = [node[len(self.rows) - 1, j] for j in range(self.window)]
         self.draft = LookaheadDraft(tokens, parents=parents, candidates=candidates)
