@@ -120,7 +120,8 @@ def repl(tmp_path_factory):
 
 def test_a_session_in_the_real_repl(repl):
     banner = repl.expect(PROMPT, timeout=120)
-    for expected in ("target", "drafter", "float32 · cpu", "speculative, autoregressive", "/help for commands"):
+    for expected in ("target", "drafter", "float32, oneDNN-prepacked", "calibrated for this machine",
+                     "speculative, autoregressive", "/help for commands"):
         assert expected in banner
 
     repl.line("/help")
