@@ -658,3 +658,16 @@ def test_smollm2_pair_loads_from_cache_and_rejects_a_foreign_tokenizer(smollm2_f
     assert pair.end_ids == (pair.target.tokenizer.convert_tokens_to_ids("<|im_end|>"),)
     with pytest.raises(ModelLoadError, match="49152 tokens"):
         check_same_vocab(pair.target.tokenizer, word_tokenizer())
+
+
+@pytest.mark.parametrize("value, expected", [("0", False), ("1", True)])
+def test_the_native_bf16_probe_can_be_overridden(monkeypatch, value, expected):
+    monkeypatch.setenv(devices.NATIVE_BF16_ENV, value)
+    assert devices.cpu_supports_bf16() is expected
+    assert resolve_dtype("auto", torch.device("cpu")) is (torch.bfloat16 if expected else torch.float32)
+
+
+def test_a_bad_native_bf16_override_is_refused(monkeypatch):
+    monkeypatch.setenv(devices.NATIVE_BF16_ENV, "yes")
+    with pytest.raises(ModelLoadError, match="must be 0 or 1"):
+        devices.cpu_supports_bf16()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import torch
@@ -80,8 +81,19 @@ def _auto_dtype(device: torch.device) -> torch.dtype:
     return torch.bfloat16 if cpu_supports_bf16() else torch.float32
 
 
+NATIVE_BF16_ENV = "SPECCHAT_NATIVE_BF16"  # 0 or 1: overrides the CPU probe (an AVX-512 machine run on AVX2 kernels)
+
+
 def cpu_supports_bf16() -> bool:
-    """Native bf16 arithmetic on this CPU; without it bf16 is emulated and slower than fp32."""
+    """Native bf16 arithmetic on this CPU; without it bf16 is emulated and slower than fp32.
+
+    SPECCHAT_NATIVE_BF16=0 takes the path of a CPU without it, as `ATEN_CPU_CAPABILITY=avx2` and
+    `ONEDNN_MAX_CPU_ISA=AVX2` make torch's and oneDNN's kernels do on an AVX-512 machine; 1 takes the other."""
+    override = os.environ.get(NATIVE_BF16_ENV, "").strip()
+    if override in ("0", "1"):
+        return override == "1"
+    if override:
+        raise ModelLoadError(f"{NATIVE_BF16_ENV} must be 0 or 1, got {override!r}")
     try:
         cpuinfo = Path("/proc/cpuinfo").read_text()
     except OSError:  # not Linux: no cheap reliable probe, so stay with fp32

@@ -1,0 +1,98 @@
+"""The embedded target in each candidate weight format: its forward cost for 1..14 new tokens on this machine, and the
+accuracy gate against the dequantized GGUF in float32 (docs/formats.md has a run's figures).
+
+    python -m benchmarks.formats timing [FORMAT ...]
+    python -m benchmarks.formats accuracy [FORMAT ...]
+
+Formats: float32, float32-prepacked, bfloat16, int8, int4 (the low-bit ones with bfloat16 activations). The accuracy
+text is the first 1,025 tokens of the project's prompt set, in order; the reference is read from the GGUF file the
+embedded wheels carry (assembled into the cache dir once).
+"""
+
+from __future__ import annotations
+
+import copy
+import gc
+import json
+import sys
+
+import torch
+from transformers import AutoModelForCausalLM
+
+from benchmarks.prompts import DEFAULT_PROMPTS
+from utils.accuracy import Agreement, next_token_logits, perplexity
+from utils.caching import CachedModel
+from utils.calibration import time_forward
+from utils.int4 import to_int4
+from utils.int8 import to_int8
+from utils.loading import load_model
+from utils.model_cache import embedded_gguf
+from utils.prepack import prepack
+from utils.presets import EMBEDDED, default_cache_dir
+
+TARGET = "qwen2.5-coder-1.5b"
+FORMATS = ("float32", "float32-prepacked", "bfloat16", "int8", "int4")
+TEXT_TOKENS = 1025
+WIDTHS = (1, 2, 4, 8, 14)
+
+
+def text_ids(tokenizer) -> list[int]:
+    ids: list[int] = []
+    for line in DEFAULT_PROMPTS.read_text(encoding="utf-8").splitlines():
+        for turn in json.loads(line)["turns"]:
+            ids += tokenizer.encode(turn + "\n\n", add_special_tokens=False)
+    return ids[:TEXT_TOKENS]
+
+
+def build(base, name: str):
+    model = copy.deepcopy(base)
+    if name.startswith("float32"):
+        model = model.float()
+        if name == "float32-prepacked":
+            prepack(model)
+    elif name == "int8":
+        to_int8(model)
+    elif name == "int4":
+        to_int4(model)
+    elif name != "bfloat16":
+        raise SystemExit(f"unknown format {name!r}; choose from {', '.join(FORMATS)}")
+    return model.eval()
+
+
+def main(argv: list[str]) -> int:
+    if not argv or argv[0] not in ("timing", "accuracy"):
+        print(__doc__, file=sys.stderr)
+        return 2
+    names = argv[1:] or list(FORMATS)
+    base = load_model(TARGET, device="cpu", dtype="bfloat16", progress=False)  # the cache's own bf16 weights
+    ids = text_ids(base.tokenizer)
+    if argv[0] == "timing":
+        for name in names:
+            lm = CachedModel(build(base.model, name))
+            ms = {n: time_forward(lm, ids[:128], ids[128:128 + n], 3) * 1e3 for n in WIDTHS}
+            print(f"{name:18s} " + " ".join(f"{n}: {ms[n]:.0f} ms" for n in WIDTHS)
+                  + f"  verify of 8: {ms[8] / ms[1]:.2f} steps", flush=True)
+            del lm
+            gc.collect()
+        return 0
+    gguf = embedded_gguf(EMBEDDED[TARGET], default_cache_dir())
+    reference = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32)
+    with torch.inference_mode():
+        expected = next_token_logits(reference.eval(), ids)
+    del reference
+    gc.collect()
+    reference_perplexity = perplexity(expected, ids)
+    for name in names:
+        model = build(base.model, name)
+        with torch.inference_mode():
+            logits = next_token_logits(model, ids)
+        top1 = float((logits.argmax(-1) == expected.argmax(-1)).float().mean())
+        agreement = Agreement(len(ids) - 1, top1, perplexity(logits, ids), reference_perplexity)
+        print(f"{name:18s} {agreement.line()}", flush=True)
+        del model, logits
+        gc.collect()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
