@@ -194,7 +194,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         pair = load_pair(choice.target, choice.drafter, device=choice.device, dtype=args.dtype,
                          target_quantize=choice.target_quantize, drafter_quantize=choice.drafter_quantize,
-                         trust_remote_code=args.trust_remote_code, cache_dir=args.cache_dir,
+                         trust_remote_code=args.trust_remote_code, cache_dir=args.cache_dir, verify=args.verify,
                          progress=not args.no_progress)
         universal = None
         if "hf_universal" in hf and universal_spec:

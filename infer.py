@@ -197,7 +197,7 @@ def run(args: argparse.Namespace, chosen: Decoding, console: Console, errors: Co
                           style="dim", markup=False)
         pair = load_pair(choice.target, choice.drafter, device=choice.device, dtype=args.dtype,
                          target_quantize=choice.target_quantize, drafter_quantize=choice.drafter_quantize,
-                         trust_remote_code=args.trust_remote_code, cache_dir=args.cache_dir,
+                         trust_remote_code=args.trust_remote_code, cache_dir=args.cache_dir, verify=args.verify,
                          progress=not args.json)
     except ModelLoadError as error:
         if args.verbose:

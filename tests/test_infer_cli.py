@@ -223,3 +223,20 @@ def test_drafting_flags_reach_the_strategy_settings():
     assert (strategy.gamma, strategy.draft_alternatives, strategy.draft_cumulative) == (5, 2, 0.4)
     assert strategy.verify_width == 9
     assert (strategy.lookahead_window, strategy.lookahead_ngram, strategy.lookahead_candidates) == (3, 4, 2)
+
+
+def test_verify_reaches_the_loader(monkeypatch):
+    from utils import loading
+    from utils.presets import ModelLoadError
+
+    seen = {}
+
+    def load_pair(*args, **kwargs):
+        seen.update(kwargs)
+        raise ModelLoadError("stop here")
+
+    monkeypatch.setattr(loading, "load_pair", load_pair)
+    assert infer.main(["--target", "x", "--device", "cpu", "--verify", "-p", "hi"]) == infer.LOAD_EXIT
+    assert seen["verify"] is True
+    assert infer.main(["--target", "x", "--device", "cpu", "-p", "hi"]) == infer.LOAD_EXIT
+    assert seen["verify"] is False

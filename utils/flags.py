@@ -48,6 +48,8 @@ def add_model_flags(group: argparse._ActionsContainer) -> None:
     group.add_argument("--target-quantize", choices=QUANTIZE_CHOICES, help=f"target weights; {low_bit}")
     group.add_argument("--drafter-quantize", choices=QUANTIZE_CHOICES, help=f"drafter weights; {low_bit}")
     group.add_argument("--trust-remote-code", action="store_true", help="allow models that ship their own code")
+    group.add_argument("--verify", action="store_true",
+                       help="check the sha256 of every file of a converted model (sizes are checked on every load)")
     group.add_argument("--cache-dir", type=Path, metavar="DIR",
                        help="where converted embedded models (and the chat's input history) are kept "
                             "(default $XDG_CACHE_HOME/specchat, else ~/.cache/specchat)")
