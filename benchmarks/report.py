@@ -19,6 +19,7 @@ from benchmarks.analytic import alpha_from_counts, speedup_bound
 from benchmarks.costs import ForwardCosts
 from benchmarks.runner import REFERENCE
 from sampling.base import DRAFT_COUNTS, Stats
+from utils.calibration import cpu_model
 
 HF_REFERENCE = "hf_generate"
 ALL = "all"
@@ -115,7 +116,7 @@ def machine_description(device: torch.device, dtype: torch.dtype) -> dict:
     except ImportError:
         quanto_version = None
     return {
-        "cpu": _cpu_model(),
+        "cpu": cpu_model(),
         "cpu_count": os.cpu_count(),
         "torch_threads": torch.get_num_threads(),
         "torch": torch.__version__,
@@ -128,17 +129,6 @@ def machine_description(device: torch.device, dtype: torch.dtype) -> dict:
         "dtype": str(dtype).removeprefix("torch."),
         "date": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
     }
-
-
-def _cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            key, _, value = line.partition(":")
-            if key.strip() in ("model name", "Model", "Hardware"):
-                return value.strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
 
 
 # ---------------------------------------------------------------------------------------------
