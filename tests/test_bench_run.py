@@ -313,3 +313,20 @@ def test_the_plot_without_matplotlib_names_the_requirements_file(monkeypatch, tm
     monkeypatch.setitem(sys.modules, "matplotlib", None)  # as if not installed
     with pytest.raises(ImportError, match=r"pip install -r requirements-bench\.txt"):
         plot({"summary": {}}, tmp_path / "plot.png")
+
+
+@pytest.mark.slow
+def test_the_results_page_shows_each_committed_run_with_a_link_to_its_data(quick_run, tmp_path):
+    from benchmarks.report import results_page
+
+    results = tmp_path / "benchmarks" / "results"
+    for name in ("older", "newer"):
+        (results / name).mkdir(parents=True)
+        report = json.loads((quick_run / "run" / "results.json").read_text())
+        report["machine"]["date"] = "2026-01-01" if name == "older" else "2026-02-01"
+        (results / name / "results.json").write_text(json.dumps(report))
+    page = results_page(results)
+    assert page.startswith("# Benchmark results") and "python bench.py --results-page" in page
+    assert page.index("## newer") < page.index("## older")  # newest first
+    assert "[results/newer/results.json](results/newer/results.json)" in page and "| speculative |" in page
+    assert "No run is committed yet." in results_page(tmp_path / "nothing")
