@@ -27,7 +27,7 @@ from benchmarks.report import machine_description, markdown, plot, print_tables,
 from benchmarks.runner import REFERENCE, Checkpoint, CheckpointMismatch, Encoder, RunSettings, run_benchmark
 from sampling.registry import NEEDS_DRAFTER, STRATEGIES, build_strategy
 from utils.caching import CachedModel
-from utils.calibration import applied, calibrate, choose, pair_key
+from utils.calibration import pair_key, tune
 from utils.flags import (
     FlagError,
     ModelChoice,
@@ -215,10 +215,9 @@ def main(argv: list[str] | None = None) -> int:
     settings, calibration = args.decoding.strategy, None
     if args.calibrate:  # the chat's defaults on this machine: the drafting settings its timed forwards call for
         cache_dir = args.cache_dir or default_cache_dir()
-        calibration, measured = calibrate(cache_dir, target_lm, drafter_lm, pair_key(pair))
-        choice = choose(calibration, settings)
-        settings = applied(choice, settings, args.decoding.explicit)
-        print(f"calibration ({'measured now' if measured else 'kept'}): " + "; ".join(choice.reasons),
+        tuning = tune(cache_dir, target_lm, drafter_lm, pair_key(pair), settings, args.decoding.explicit)
+        settings, calibration = tuning.settings, tuning.calibration
+        print(f"calibration ({'measured now' if tuning.measured else 'kept'}): " + "; ".join(tuning.choice.reasons),
               file=sys.stderr)
     compiled = compile_drafter(drafter_lm, args.compile if args.compile is not None else (
         device.type == "cpu" and drafter is not None and not is_prepacked(drafter.model)))

@@ -19,7 +19,7 @@ from benchmarks.analytic import alpha_from_counts, speedup_bound
 from benchmarks.costs import ForwardCosts
 from benchmarks.runner import REFERENCE
 from sampling.base import DRAFT_COUNTS, Stats
-from utils.calibration import cpu_model
+from utils.devices import cpu_model
 
 HF_REFERENCE = "hf_generate"
 ALL = "all"

@@ -377,7 +377,7 @@ def _stats(ctx: Context, arg: str) -> None:
         say(ctx.console, f"drafter step: {ctx.session.compile_status}")
     tuning = ctx.session.tuning
     if tuning:
-        say(ctx.console, f"drafting, calibrated for this machine ({tuning.calibration.measured}): "
+        say(ctx.console, f"drafting, calibrated for this machine (timed {tuning.calibration.date}): "
                          f"{tuning.summary(ctx.session.settings.strategy)}")
         for reason in tuning.choice.reasons:
             say(ctx.console, f"  {reason}")

@@ -20,10 +20,10 @@ from jinja2 import TemplateError
 
 from sampling.base import MAX_SEED, DecodeConfig, Result, Round, Stats, Strategy
 from sampling.registry import build_strategy
-from sampling.settings import CALIBRATED, NEEDS_DRAFTER, STRATEGIES, StrategySettings
+from sampling.settings import NEEDS_DRAFTER, STRATEGIES, StrategySettings
 from utils.background import PausableThread
 from utils.caching import CachedModel, common_prefix_length
-from utils.calibration import Calibration, Choice, applied, calibrate, choose
+from utils.calibration import Tuning, tune
 from utils.checks import integer
 from utils.logits_processor import GreedyProcessor, LogitsProcessor
 
@@ -53,23 +53,6 @@ class ModelInfo:
     device: str
     target_format: str = ""  # "float32, oneDNN-prepacked", "int4 weights, bfloat16 activations", ...
     drafter_format: str = ""
-
-
-@dataclass(frozen=True)
-class Tuning:
-    """A calibration applied to the session: the timings, the settings they called for, and why."""
-
-    choice: Choice
-    calibration: Calibration
-    measured: bool  # timed now (False: the timings kept for this machine were read)
-    kept: tuple[str, ...]  # calibrated settings the user had chosen, left as they were
-
-    def summary(self, settings: StrategySettings) -> str:
-        s = settings
-        alternatives = f"{s.draft_alternatives} alternatives" if s.draft_alternatives else "no alternatives"
-        kept = f" (kept as set: {', '.join(self.kept)})" if self.kept else ""
-        return (f"gamma {s.gamma} · verify width {s.verify_width} · {alternatives} · cumulative stop "
-                f"{s.draft_cumulative:g}{kept}")
 
 
 @dataclass(frozen=True)
@@ -231,11 +214,10 @@ class ChatSession:
     def calibrate(self, cache_dir: Path, key: dict, again: bool = False) -> Tuning:
         """Time this machine's forwards (or take the timings kept for `key`) and set the drafting settings they call
         for, except those the user chose (`keep_settings`); what was chosen and why is kept in `tuning`."""
-        calibration, measured = calibrate(cache_dir, self.target, self.drafter, key, again=again)
-        choice = choose(calibration, self.settings.strategy)
-        self.update(strategy=applied(choice, self.settings.strategy, self.keep_settings))
+        self.tuning = tune(cache_dir, self.target, self.drafter, key, self.settings.strategy, self.keep_settings,
+                           again=again)
+        self.update(strategy=self.tuning.settings)
         self.calibration_key, self.cache_dir = key, cache_dir
-        self.tuning = Tuning(choice, calibration, measured, tuple(sorted(self.keep_settings & set(CALIBRATED))))
         return self.tuning
 
     def reset(self) -> None:

@@ -10,7 +10,7 @@ from utils.calibration import Calibration, calibrate, choose, expected_tokens, k
 
 def calibration(target_ms: dict[int, float], drafter_ms: float | None = 10.0) -> Calibration:
     return Calibration(key={"k": 1}, target_ms=target_ms, drafter_ms=drafter_ms, context=128, seconds=1.0,
-                       measured="2026-12-01T00:00:00+00:00")
+                       date="2026-12-01T00:00:00+00:00")
 
 
 FLAT_TO_14 = {1: 100.0, 2: 100.0, 4: 100.0, 8: 101.0, 12: 102.0, 14: 103.0, 16: 125.0, 20: 140.0}

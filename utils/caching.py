@@ -107,7 +107,8 @@ class CachedModel:
         try:
             prefill = self.prefill_model is not None and len(ids) >= self.prefill_from
             model = self.step_model if step else self.prefill_model if prefill else self.model
-            self._cache_in((self.prefill_model if prefill else self.model).dtype)
+            if self.prefill_model is not None:  # two dtypes may share this cache
+                self._cache_in((self.prefill_model if prefill else self.model).dtype)
             with torch.inference_mode() if step else contextlib.nullcontext():  # the graph was compiled for it
                 out = model(input_ids=input_ids, past_key_values=self.cache, use_cache=True, logits_to_keep=keep,
                             **model_kwargs)

@@ -12,7 +12,6 @@ from __future__ import annotations
 import datetime
 import hashlib
 import json
-import platform
 import statistics
 import time
 from dataclasses import asdict, dataclass, replace
@@ -22,13 +21,14 @@ import torch
 
 from sampling.settings import CALIBRATED, StrategySettings
 from utils.caching import CachedModel
+from utils.devices import cpu_flags, cpu_model
 
 WIDTHS = (1, 2, 3, 4, 5, 6, 8, 10, 12, 14, 16, 20)  # new tokens per timed target forward
 CONTEXT = 128  # cached tokens when the forwards are timed: a short chat turn
 ACCEPTANCE = 0.9  # a draft the drafter is sure of is accepted this often (the rounds where gamma's cap binds)
 TREE_SLACK = 1.05  # the verify width grows past the chain while a forward costs at most this much more
 MAX_GAMMA = 16
-SCHEMA = 1
+SCHEMA = 2  # 2: "date" (was "measured")
 
 
 def time_forward(lm: CachedModel, context: list[int], new: list[int], repeats: int) -> float:
@@ -57,7 +57,7 @@ class Calibration:
     drafter_ms: float | None  # one drafter forward over 1 new token (its decode step); None without a drafter
     context: int
     seconds: float  # how long the timing took
-    measured: str  # ISO date
+    date: str  # ISO date of the timing
 
     @property
     def draft_cost(self) -> float | None:
@@ -83,7 +83,7 @@ class Calibration:
     def from_dict(cls, data: dict) -> Calibration:
         return cls(key=data["key"], target_ms={int(k): float(v) for k, v in data["target_ms"].items()},
                    drafter_ms=data["drafter_ms"], context=data["context"], seconds=data["seconds"],
-                   measured=data["measured"])
+                   date=data["date"])
 
 
 @dataclass(frozen=True)
@@ -95,37 +95,16 @@ class Choice:
     tokens_per_step: float  # what the cost model expects a round to commit per target step at these settings
 
 
-def cpu_flags() -> list[str]:
-    """The CPU features that decide which kernels run (x86 flags, aarch64 features)."""
-    wanted = {"avx2", "avx512f", "avx512_bf16", "avx512_vnni", "amx_bf16", "amx_int8", "avx_vnni", "avx_ne_convert",
-              "fma", "f16c", "bf16", "sve", "asimd", "i8mm"}
-    try:
-        text = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return []
-    for line in text.splitlines():
-        name, _, value = line.partition(":")
-        if name.strip() in ("flags", "Features"):
-            return sorted(wanted & set(value.split()))
-    return []
-
-
-def cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            name, _, value = line.partition(":")
-            if name.strip() in ("model name", "Model", "Hardware"):
-                return value.strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
+KERNEL_FLAGS = {"avx2", "avx512f", "avx512_bf16", "avx512_vnni", "amx_bf16", "amx_int8", "avx_vnni", "avx_ne_convert",
+                "fma", "f16c", "bf16", "sve", "asimd", "i8mm"}  # the CPU features that decide which kernels run
 
 
 def machine_key(target: str, target_format: str, drafter: str | None, drafter_format: str | None,
                 device: torch.device) -> dict:
     """What a calibration holds for: another CPU, torch, model, format or thread count is measured anew."""
     hardware = torch.cuda.get_device_name(device) if device.type == "cuda" else cpu_model()
-    return {"device": device.type, "hardware": hardware, "cpu_flags": cpu_flags(), "torch": torch.__version__,
+    return {"device": device.type, "hardware": hardware, "cpu_flags": sorted(KERNEL_FLAGS & cpu_flags()),
+            "torch": torch.__version__,
             "threads": torch.get_num_threads(), "target": target, "target_format": target_format,
             "drafter": drafter, "drafter_format": drafter_format}
 
@@ -206,10 +185,10 @@ def choose(calibration: Calibration, base: StrategySettings = StrategySettings()
     alternatives = base.draft_alternatives if width > gamma + 1 else 0
     cumulative = round(min(max(step_cost * rate[gamma], 0.05), 0.9), 2) if c is not None else base.draft_cumulative
     ms = calibration.target_ms
+    near4, widest = min(ms, key=lambda n: abs(n - 4)), max(ms)
     reasons = [
-        f"target forward {ms[1]:.0f} ms for 1 token, {ms[min(ms, key=lambda n: abs(n - 4))]:.0f} ms for "
-        f"{min(ms, key=lambda n: abs(n - 4))}, {ms[max(ms)]:.0f} ms for {max(ms)}; verify of {gamma + 1}: "
-        f"{chain_cost:.2f} steps",
+        f"target forward {ms[1]:.0f} ms for 1 token, {ms[near4]:.0f} ms for {near4}, {ms[widest]:.0f} ms for "
+        f"{widest}; verify of {gamma + 1}: {chain_cost:.2f} steps",
         f"gamma {gamma}: the most tokens per target step ({rate[gamma]:.2f} where the drafter is sure)",
         f"verify width {width}: wider forwards cost more than {TREE_SLACK - 1:.0%} over the chain's"
         + ("" if alternatives else "; no room for alternatives"),
@@ -224,11 +203,34 @@ def choose(calibration: Calibration, base: StrategySettings = StrategySettings()
 
 def pair_key(pair) -> dict:
     """`machine_key` for a loaded pair (utils.loading.LoadedPair)."""
-    drafter = pair.drafter
-    return machine_key(pair.target.label, pair.target.format, drafter.label if drafter else None,
+    drafter = pair.drafter  # by source, not name: two saved directories may carry the same model name
+    return machine_key(pair.target.source, pair.target.format, drafter.source if drafter else None,
                        drafter.format if drafter else None, next(pair.target.model.parameters()).device)
 
 
-def applied(choice: Choice, settings: StrategySettings, keep: frozenset[str] = frozenset()) -> StrategySettings:
-    """`settings` with the calibrated ones `choice` calls for, but those in `keep` (chosen by the user)."""
-    return replace(settings, **{name: getattr(choice.settings, name) for name in CALIBRATED if name not in keep})
+@dataclass(frozen=True)
+class Tuning:
+    """A calibration applied to a set of settings: the timings, the choice they called for, the settings that result
+    (those the user chose kept), and why."""
+
+    choice: Choice
+    calibration: Calibration
+    measured: bool  # timed now (False: the timings kept for this machine were read)
+    kept: tuple[str, ...]  # calibrated settings the user had chosen, left as they were
+    settings: StrategySettings
+
+    def summary(self, settings: StrategySettings | None = None) -> str:
+        s = settings or self.settings
+        alternatives = f"{s.draft_alternatives} alternatives" if s.draft_alternatives else "no alternatives"
+        kept = f" (kept as set: {', '.join(self.kept)})" if self.kept else ""
+        return (f"gamma {s.gamma} · verify width {s.verify_width} · {alternatives} · cumulative stop "
+                f"{s.draft_cumulative:g}{kept}")
+
+
+def tune(cache_dir: Path, target: CachedModel, drafter: CachedModel | None, key: dict, settings: StrategySettings,
+         keep: frozenset[str] = frozenset(), again: bool = False) -> Tuning:
+    """`settings` with the calibrated ones this machine's timings call for, but those in `keep` (the user's)."""
+    calibration, measured = calibrate(cache_dir, target, drafter, key, again=again)
+    choice = choose(calibration, settings)
+    chosen = {name: getattr(choice.settings, name) for name in CALIBRATED if name not in keep}
+    return Tuning(choice, calibration, measured, tuple(sorted(keep & set(CALIBRATED))), replace(settings, **chosen))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import platform
 from pathlib import Path
 
 import torch
@@ -94,16 +95,34 @@ def cpu_supports_bf16() -> bool:
         return override == "1"
     if override:
         raise ModelLoadError(f"{NATIVE_BF16_ENV} must be 0 or 1, got {override!r}")
-    try:
-        cpuinfo = Path("/proc/cpuinfo").read_text()
-    except OSError:  # not Linux: no cheap reliable probe, so stay with fp32
-        return False
-    return cpuinfo_has_bf16(cpuinfo)
+    return cpuinfo_has_bf16(_cpuinfo())
 
 
 def cpuinfo_has_bf16(cpuinfo: str) -> bool:
+    return bool(set(_CPU_BF16_FLAGS) & set(_cpuinfo_field(cpuinfo, ("flags", "Features")).split()))
+
+
+def cpu_flags() -> set[str]:
+    """This CPU's feature flags (x86 flags, aarch64 features); none where /proc/cpuinfo cannot be read (not Linux:
+    no cheap reliable probe, so no native bf16 is assumed)."""
+    return set(_cpuinfo_field(_cpuinfo(), ("flags", "Features")).split())
+
+
+def cpu_model() -> str:
+    return _cpuinfo_field(_cpuinfo(), ("model name", "Model", "Hardware")) or platform.processor() or "unknown"
+
+
+def _cpuinfo() -> str:
+    try:
+        return Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return ""
+
+
+def _cpuinfo_field(cpuinfo: str, names: tuple[str, ...]) -> str:
+    """The first value of any of these /proc/cpuinfo fields ("" if none)."""
     for line in cpuinfo.splitlines():
         key, _, value = line.partition(":")
-        if key.strip() in ("flags", "Features"):
-            return any(flag in value.split() for flag in _CPU_BF16_FLAGS)
-    return False
+        if key.strip() in names:
+            return value.strip()
+    return ""

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from sampling.base import DecodeConfig
-from sampling.settings import StrategySettings
+from sampling.settings import CALIBRATED, StrategySettings
 from utils.checks import SettingError, integer
 from utils.logits_processor import make_processor
 from utils.presets import QUANTIZE_CHOICES, ModelLoadError, check_device_name, check_dtype_name, check_preset_name
@@ -26,8 +26,8 @@ FLAG_OF_SETTING = {
 }
 
 
-CALIBRATED_FLAGS = {"gamma": "gamma", "verify_width": "verify_width", "draft_alternatives": "alternatives",
-                    "draft_cumulative": "draft_cumulative"}  # setting -> argparse dest
+# the calibrated settings' argparse names: given on the command line, calibration leaves them be
+CALIBRATED_FLAGS = {name: FLAG_OF_SETTING[name].removeprefix("--").replace("-", "_") for name in CALIBRATED}
 
 
 class FlagError(Exception):

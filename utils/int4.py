@@ -11,6 +11,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
+from utils.layers import replace_layers
+
 GROUP = 128  # input features per scale/zero pair
 OUT_MULTIPLE = 16  # the packed layout takes output features by 16s
 INNER_K_TILES = 2
@@ -66,12 +68,4 @@ def quantize(weight: Tensor) -> tuple[Tensor, Tensor, Tensor]:
 
 def to_int4(model: nn.Module) -> list[str]:
     """Replace, in place, every linear layer the kernel takes by an `Int4Linear`; the names of those left dense."""
-    dense = []
-    for parent_name, parent in list(model.named_modules()):
-        for name, child in list(parent.named_children()):
-            if type(child) is nn.Linear:
-                if fits(child):
-                    setattr(parent, name, Int4Linear(child))
-                else:
-                    dense.append(f"{parent_name}.{name}".lstrip("."))
-    return dense
+    return replace_layers(model, nn.Linear, lambda linear: Int4Linear(linear) if fits(linear) else None)[1]

@@ -10,6 +10,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
+from utils.layers import replace_layers
+
 
 class Int8Linear(nn.Module):
     """`linear` with int8 weights and a scale per output feature; activations and output keep their dtype."""
@@ -50,10 +52,4 @@ def quantize(weight: Tensor) -> tuple[Tensor, Tensor]:
 def to_int8(model: nn.Module, dtype: torch.dtype | None = None) -> int:
     """Replace, in place, every linear layer by an `Int8Linear` (activations in `dtype`, default the layer's);
     how many were replaced."""
-    count = 0
-    for parent in list(model.modules()):
-        for name, child in list(parent.named_children()):
-            if type(child) is nn.Linear:
-                setattr(parent, name, Int8Linear(child, dtype))
-                count += 1
-    return count
+    return replace_layers(model, nn.Linear, lambda linear: Int8Linear(linear, dtype))[0]

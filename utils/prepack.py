@@ -13,6 +13,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
+from utils.layers import replace_layers
+
 PACK_ROWS = 14  # the row count oneDNN tunes the packed layout for: a verify's size
 
 
@@ -64,19 +66,15 @@ def prepack(model: nn.Module) -> int:
     """Replace, in place, every float32 CPU linear layer by a `PackedLinear`; how many were replaced."""
     if not available():
         raise ValueError("this torch build has no oneDNN (mkldnn): float32 weights cannot be prepacked")
-    count = 0
-    for parent in list(model.modules()):
-        for name, child in list(parent.named_children()):
-            if type(child) is nn.Linear and child.weight.dtype == torch.float32 and child.weight.device.type == "cpu":
-                setattr(parent, name, PackedLinear(child))
-                count += 1
-    return count
+
+    def packed(linear: nn.Module) -> PackedLinear | None:
+        weight = linear.weight
+        return PackedLinear(linear) if weight.dtype == torch.float32 and weight.device.type == "cpu" else None
+
+    return replace_layers(model, nn.Linear, packed)[0]
 
 
 def unpack(model: nn.Module) -> nn.Module:
     """Replace, in place, every `PackedLinear` by a plain `nn.Linear` (to convert or quantize the weights); `model`."""
-    for parent in list(model.modules()):
-        for name, child in list(parent.named_children()):
-            if isinstance(child, PackedLinear):
-                setattr(parent, name, child.unpacked())
+    replace_layers(model, PackedLinear, lambda layer: layer.unpacked())
     return model

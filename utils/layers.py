@@ -1,0 +1,25 @@
+"""Swapping a model's layers in place: how every weight format (int4, int8, prepacked float32) is applied."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from torch import nn
+
+
+def replace_layers(model: nn.Module, kind: type[nn.Module],
+                   make: Callable[[nn.Module], nn.Module | None]) -> tuple[int, list[str]]:
+    """Replace, in place, every submodule of exactly type `kind` by `make(layer)`, or keep it where `make` returns
+    None; how many were replaced, and the names of those kept."""
+    replaced, kept = 0, []
+    for parent_name, parent in list(model.named_modules()):
+        for name, child in list(parent.named_children()):
+            if type(child) is not kind:
+                continue
+            new = make(child)
+            if new is None:
+                kept.append(f"{parent_name}.{name}".lstrip("."))
+            else:
+                setattr(parent, name, new)
+                replaced += 1
+    return replaced, kept
