@@ -25,7 +25,7 @@ from benchmarks.llamacpp import LLAMACPP, LlamaCpp, binary, missing_reason
 from benchmarks.prompts import DEFAULT_PROMPTS, chat_ids, count_by_category, load_prompts
 from benchmarks.report import machine_description, markdown, plot, print_tables, results_page, summarize, write_json
 from benchmarks.runner import REFERENCE, Checkpoint, CheckpointMismatch, Encoder, RunSettings, run_benchmark
-from sampling.registry import NEEDS_DRAFTER, STRATEGIES, build_strategy
+from sampling.registry import NEEDS_DRAFTER, NEEDS_HEAD, STRATEGIES, build_strategy
 from utils.caching import CachedModel
 from utils.calibration import pair_key, tune
 from utils.flags import (
@@ -37,6 +37,7 @@ from utils.flags import (
     decoding,
     model_choice,
 )
+from utils.heads import load_heads
 from utils.loading import LoadedPair, load_model, load_pair
 from utils.model_cache import embedded_gguf
 from utils.prepack import is_prepacked
@@ -201,6 +202,7 @@ def main(argv: list[str] | None = None) -> int:
             universal = load_model(universal_spec, device=choice.device, dtype=args.dtype,
                                    trust_remote_code=args.trust_remote_code, cache_dir=args.cache_dir,
                                    progress=not args.no_progress)
+        heads = load_heads(args.head, pair.target.name, pair.target.model)
     except ModelLoadError as error:
         print(f"error: {error}", file=sys.stderr)
         return 1
@@ -226,7 +228,10 @@ def main(argv: list[str] | None = None) -> int:
         if name in NEEDS_DRAFTER and drafter_lm is None:
             skipped.append({"name": name, "reason": "no drafter model loaded"})
             continue
-        strategy = build_strategy(name, target_lm, drafter_lm, settings)
+        if name in NEEDS_HEAD and name not in heads:
+            skipped.append({"name": name, "reason": f"no trained {name} head (--head DIR; train_head.py makes one)"})
+            continue
+        strategy = build_strategy(name, target_lm, drafter_lm, settings, heads)
         contestants.append(OurStrategy(strategy, cached, asdict(settings), name in NEEDS_DRAFTER))
     baselines, hf_skipped = build_hf_baselines(hf, target, drafter, universal, gamma=settings.gamma,
                                                lookup_max_ngram=settings.lookup_max_ngram)

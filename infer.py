@@ -31,7 +31,7 @@ from pathlib import Path
 
 from rich.console import Console
 
-from sampling.settings import NEEDS_DRAFTER, STRATEGIES
+from sampling.settings import NEEDS_DRAFTER, NEEDS_HEAD, STRATEGIES
 from utils.flags import (
     Decoding,
     FlagError,
@@ -43,7 +43,7 @@ from utils.flags import (
 )
 from utils.presets import default_cache_dir
 
-DEFAULT_STRATEGIES = ("auto", "speculative", "autoregressive")
+DEFAULT_STRATEGIES = ("auto", "speculative", "eagle", "autoregressive")  # eagle where a head is loaded
 DEFAULT_MAX_NEW_TOKENS = 256
 
 
@@ -95,8 +95,9 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def parse_strategies(text: str | None, has_drafter: bool) -> tuple[str, ...]:
-    """--strategy as a tuple; by default the drafter strategies are left out when there is no drafter."""
+def parse_strategies(text: str | None, has_drafter: bool, heads: frozenset[str] | None = None) -> tuple[str, ...]:
+    """--strategy as a tuple; by default the drafter strategies are left out when there is no drafter, and the head
+    strategies are added for the heads loaded (`heads`: their kinds; None: not loaded yet, nothing checked)."""
     explicit = text is not None
     names = tuple(name.strip().lower() for name in (text if explicit else ",".join(DEFAULT_STRATEGIES)).split(",")
                   if name.strip())
@@ -107,6 +108,13 @@ def parse_strategies(text: str | None, has_drafter: bool) -> tuple[str, ...]:
             raise InputError(f"unknown strategy {name!r}; choose from {', '.join(STRATEGIES)}")
     if len(set(names)) != len(names):
         raise InputError("--strategy lists a strategy twice")
+    if heads is not None:
+        missing = [name for name in names if name in NEEDS_HEAD and name not in heads]
+        if explicit and missing:
+            raise InputError(f"strategy {missing[0]!r} needs a trained {missing[0]} head; pass --head DIR "
+                             f"(train_head.py --kind {missing[0]} makes one)")
+        if not explicit:
+            names = tuple(name for name in names if name not in NEEDS_HEAD or name in heads)
     if has_drafter:
         return names
     if explicit and any(name in NEEDS_DRAFTER for name in names):
@@ -185,13 +193,14 @@ def run(args: argparse.Namespace, chosen: Decoding, console: Console, errors: Co
     from chat.app import ChatApp
     from chat.oneshot import run_oneshot
     from chat.session import ChatSession, ModelInfo
+    from utils.heads import load_heads
     from utils.loading import load_pair
     from utils.prepack import is_prepacked
     from utils.presets import ModelLoadError, resolve_preset
 
     try:
         choice = model_choice(args, resolve_preset)
-        strategies = parse_strategies(args.strategy, choice.drafter is not None)
+        parse_strategies(args.strategy, choice.drafter is not None)
         if not one_shot:
             errors.print(f"loading {choice.target}" + (f" + {choice.drafter}" if choice.drafter else "") + " …",
                           style="dim", markup=False)
@@ -199,6 +208,8 @@ def run(args: argparse.Namespace, chosen: Decoding, console: Console, errors: Co
                          target_quantize=choice.target_quantize, drafter_quantize=choice.drafter_quantize,
                          trust_remote_code=args.trust_remote_code, cache_dir=args.cache_dir, verify=args.verify,
                          progress=not args.json)
+        heads = load_heads(args.head, pair.target.name, pair.target.model)
+        strategies = parse_strategies(args.strategy, choice.drafter is not None, frozenset(heads))
     except ModelLoadError as error:
         if args.verbose:
             raise
@@ -212,7 +223,8 @@ def run(args: argparse.Namespace, chosen: Decoding, console: Console, errors: Co
                      dtype=str(parameter.dtype).removeprefix("torch."), device=str(parameter.device),
                      target_format=pair.target.format, drafter_format=pair.drafter.format if pair.drafter else "")
     session = ChatSession(pair.target.tokenizer, pair.target.model, pair.drafter.model if pair.drafter else None,
-                          pair.end_ids, settings, drafter_prefill_model=pair.drafter.dense if pair.drafter else None)
+                          pair.end_ids, settings, drafter_prefill_model=pair.drafter.dense if pair.drafter else None,
+                          heads=heads)
     session.keep_settings = chosen.explicit
     session.warm_up()
     if args.calibrate:

@@ -24,7 +24,7 @@ from chat.render import comparison_table, describe_processor, detail_table, runn
 from chat.session import ChatSession, ModelInfo
 from chat.transcript import transcript, transcript_markdown, write_file
 from chat.turn import Turn
-from sampling.settings import NEEDS_DRAFTER, STORE_KINDS, STRATEGIES
+from sampling.settings import NEEDS_DRAFTER, NEEDS_HEAD, STORE_KINDS, STRATEGIES
 from utils.checks import SettingError
 from utils.logits_processor import PROCESSORS, LogitsProcessor
 
@@ -73,7 +73,7 @@ SETTING_WORDS = {"max_new_tokens": "max new tokens", "ngram_n": "n-gram size", "
                  "draft_alternatives": "draft alternatives", "verify_width": "verify width",
                  "draft_cumulative": "the cumulative threshold", "lookahead_window": "window W",
                  "lookahead_ngram": "n-gram size N", "lookahead_candidates": "candidates G",
-                 "num_beams": "number of beams"}
+                 "num_beams": "number of beams", "head_branch": "head branch"}
 
 
 def parse_int(text: str, what: str) -> int:
@@ -197,6 +197,8 @@ def _toggle_strategy(name: str) -> Callable[[Context, str], None]:
         on = parse_switch(arg, name in enabled)
         if on and name in NEEDS_DRAFTER and ctx.session.drafter is None:
             raise UsageError(f"{name} needs a drafter model; restart with --drafter")
+        if on and name in NEEDS_HEAD and name not in ctx.session.heads:
+            raise UsageError(f"{name} needs a trained {name} head; restart with --head DIR (train_head.py makes one)")
         if not on and enabled == (name,):
             raise UsageError("at least one strategy must stay enabled")
         if on:
@@ -338,6 +340,20 @@ def _alternatives(ctx: Context, arg: str) -> None:
                                                      "verified too (greedy only)"))
 
 
+def _branch(ctx: Context, arg: str) -> None:
+    n = parse_int(one_word(arg), "head branch")
+    ctx.session.update_strategy(head_branch=n)
+    ctx.console.print(f"head branch = {n}" + (": eagle and medusa draft a chain" if n == 1 else
+                                              f": eagle and medusa keep each node's {n} likeliest children"))
+
+
+def _typical(ctx: Context, arg: str) -> None:
+    on = parse_switch(arg, ctx.session.settings.strategy.typical)
+    ctx.session.update_strategy(typical=on)
+    ctx.console.print("typical acceptance on for eagle and medusa when sampling: NOT lossless, the answer no longer "
+                      "follows the target's distribution" if on else "typical acceptance off: lossless verification")
+
+
 def _width(ctx: Context, arg: str) -> None:
     n = parse_int(one_word(arg), "verify width")
     ctx.session.update_strategy(verify_width=n)
@@ -452,7 +468,8 @@ def build_commands(strategies: tuple[str, ...] = STRATEGIES) -> dict[str, Comman
                 lambda ctx: ", ".join(s(ctx).strategies)),
     ]
     toggles = [Command(name, _toggle_strategy(name), f"/{name} [on|off]",
-                       f"toggle the {name} strategy" + (" (needs a drafter)" * (name in NEEDS_DRAFTER)),
+                       f"toggle the {name} strategy" + (" (needs a drafter)" * (name in NEEDS_DRAFTER))
+                       + (f" (needs a trained {name} head)" * (name in NEEDS_HEAD)),
                        lambda ctx, name=name: _strategy_state(ctx.session, name))
                for name in strategies]
     rest = [
@@ -488,6 +505,11 @@ def build_commands(strategies: tuple[str, ...] = STRATEGIES) -> dict[str, Comman
                 lambda ctx: on_off(s(ctx).strategy.ngram_reset_each_prompt)),
         Command("lookup-ngram", _lookup_ngram, "/lookup-ngram MAX [MIN]", "prompt lookup n-gram sizes",
                 lambda ctx: f"{s(ctx).strategy.lookup_max_ngram} {s(ctx).strategy.lookup_min_ngram}"),
+        Command("branch", _branch, "/branch N", "eagle and medusa: each draft node's likeliest children (1: a chain)",
+                lambda ctx: str(s(ctx).strategy.head_branch)),
+        Command("typical", _typical, "/typical [on|off]",
+                "sampling with eagle or medusa: Medusa's typical acceptance (NOT lossless)",
+                lambda ctx: on_off(s(ctx).strategy.typical)),
         Command("alternatives", _alternatives, "/alternatives N",
                 "greedy: verify the draft model's next N best tokens at each depth too (0: a chain)",
                 lambda ctx: str(s(ctx).strategy.draft_alternatives)),
@@ -522,6 +544,8 @@ def build_commands(strategies: tuple[str, ...] = STRATEGIES) -> dict[str, Comman
 def _strategy_state(session: ChatSession, name: str) -> str:
     if name in NEEDS_DRAFTER and session.drafter is None:
         return "unavailable (no drafter)"
+    if name in NEEDS_HEAD and name not in session.heads:
+        return f"unavailable (no {name} head)"
     return on_off(name in session.settings.strategies)
 
 

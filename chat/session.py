@@ -20,7 +20,7 @@ from jinja2 import TemplateError
 
 from sampling.base import MAX_SEED, DecodeConfig, Result, Round, Stats, Strategy
 from sampling.registry import build_strategy
-from sampling.settings import NEEDS_DRAFTER, STRATEGIES, StrategySettings
+from sampling.settings import NEEDS_DRAFTER, NEEDS_HEAD, STRATEGIES, StrategySettings
 from utils.background import PausableThread
 from utils.caching import CachedModel, common_prefix_length
 from utils.calibration import Tuning, tune
@@ -124,8 +124,9 @@ class ChatSession:
     keep_after_drop = 0.5  # the share of the prompt room a conversation that outgrew the context is cut down to
 
     def __init__(self, tokenizer, target_model, drafter_model=None, end_ids: tuple[int, ...] = (),
-                 settings: ChatSettings = ChatSettings(), drafter_prefill_model=None):
+                 settings: ChatSettings = ChatSettings(), drafter_prefill_model=None, heads: dict | None = None):
         self.tokenizer = tokenizer
+        self.heads = dict(heads or {})  # the trained draft heads by kind (eagle, medusa)
         self.target = CachedModel(target_model)
         self.drafter = CachedModel(drafter_model, drafter_prefill_model) if drafter_model is not None else None
         self.end_ids = tuple(end_ids)
@@ -198,8 +199,12 @@ class ChatSession:
         missing = [s for s in settings.strategies if s in NEEDS_DRAFTER and self.drafter is None]
         if missing:
             raise ValueError(f"strategy {missing[0]!r} needs a drafter model (start with --drafter)")
+        headless = [s for s in settings.strategies if s in NEEDS_HEAD and s not in self.heads]
+        if headless:
+            raise ValueError(f"strategy {headless[0]!r} needs a trained {headless[0]} head (start with --head DIR)")
         keep = self._strategies if settings.strategy == self.settings.strategy else {}
-        built = {name: keep.get(name) or build_strategy(name, self.target, self.drafter, settings.strategy)
+        built = {name: keep.get(name) or build_strategy(name, self.target, self.drafter, settings.strategy,
+                                                         self.heads)
                  for name in settings.strategies}
         self._strategies = {**keep, **built}
         self.settings = settings

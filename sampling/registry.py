@@ -6,23 +6,38 @@ from sampling.autoregressive import Autoregressive
 from sampling.base import Strategy
 from sampling.beam_search import BeamSearch
 from sampling.drafters.combined import CombinedDrafter
+from sampling.drafters.eagle import EagleDrafter
 from sampling.drafters.lookahead import LookaheadDrafter
+from sampling.drafters.medusa import MedusaDrafter
 from sampling.drafters.model import ModelDrafter
 from sampling.drafters.ngram import NGramDrafter
 from sampling.drafters.prompt_lookup import PromptLookupDrafter
-from sampling.settings import NEEDS_DRAFTER, STRATEGIES, StrategySettings  # noqa: F401 (re-exported)
+from sampling.settings import NEEDS_DRAFTER, NEEDS_HEAD, STRATEGIES, StrategySettings  # noqa: F401 (re-exported)
 from sampling.speculative import Speculative
 from utils.caching import CachedModel
+from utils.heads import DraftHead
 
 
 def build_strategy(name: str, target: CachedModel, drafter: CachedModel | None,
-                   settings: StrategySettings = StrategySettings()) -> Strategy:
-    """`target` and `drafter` are the long-lived cached models (their caches carry over between prompts)."""
+                   settings: StrategySettings = StrategySettings(),
+                   heads: dict[str, DraftHead] | None = None) -> Strategy:
+    """`target` and `drafter` are the long-lived cached models (their caches carry over between prompts); `heads`
+    the loaded draft heads by kind."""
     if name not in STRATEGIES:
         raise ValueError(f"unknown strategy {name!r}; choose from {', '.join(STRATEGIES)}")
     if name in NEEDS_DRAFTER and drafter is None:
         raise ValueError(f"strategy {name!r} needs a drafter model")
     s = settings
+    if name in NEEDS_HEAD:
+        head = (heads or {}).get(name)
+        if head is None:
+            raise ValueError(f"strategy {name!r} needs a trained {name} head (--head DIR; train one with "
+                             f"train_head.py --kind {name})")
+        tree = s.verify_width - 1
+        made = (EagleDrafter(target, head, s.head_branch, tree, s.draft_cumulative) if name == "eagle"
+                else MedusaDrafter(target, head, s.head_branch, tree))
+        typical = (s.typical_threshold, s.typical_alpha) if s.typical else None
+        return Speculative(target, made, s.gamma, name=name, typical=typical)
     if name == "autoregressive":
         return Autoregressive(target)
     if name == "drafter":

@@ -11,8 +11,10 @@ from dataclasses import dataclass
 
 from utils.checks import choice, integer, number, switch
 
-STRATEGIES = ("autoregressive", "speculative", "auto", "drafter", "ngram", "lookup", "lookahead", "beam")
+STRATEGIES = ("autoregressive", "speculative", "auto", "drafter", "ngram", "lookup", "lookahead", "beam", "eagle",
+              "medusa")
 NEEDS_DRAFTER = ("speculative", "auto", "drafter")
+NEEDS_HEAD = ("eagle", "medusa")  # a trained head of that kind (utils/heads.py)
 # The drafting settings the per-machine calibration chooses (utils/calibration.py), where the user did not.
 CALIBRATED = ("gamma", "verify_width", "draft_alternatives", "draft_cumulative")
 STORE_KINDS = ("basic", "one-level")  # the n-gram store's kinds (sampling/drafters/ngram.py)
@@ -49,6 +51,14 @@ class StrategySettings:
     lookahead_window: int = 2
     lookahead_ngram: int = 3
     lookahead_candidates: int = 1
+    # eagle and medusa: each node's likeliest children kept (and, for eagle, the nodes a depth expands); the tree
+    # has at most verify_width - 1 tokens and gamma levels.
+    head_branch: int = 4
+    # Sampling with eagle or medusa: Medusa's typical acceptance instead of the lossless rule. NOT lossless: the
+    # output no longer follows the target's distribution (faster, as the drafts pass more often).
+    typical: bool = False
+    typical_threshold: float = 0.09
+    typical_alpha: float = 0.3
     num_beams: int = 4
     beam_top_k: int | None = None
     length_penalty: float = 1.0
@@ -72,6 +82,10 @@ class StrategySettings:
         integer("lookahead_window", self.lookahead_window, 2, 16)  # row 0 is the last token and at least one guess
         integer("lookahead_ngram", self.lookahead_ngram, 2, 8)
         integer("lookahead_candidates", self.lookahead_candidates, 0, 16)  # 0: the Jacobi window's guesses alone
+        integer("head_branch", self.head_branch, 1, 16)
+        switch("typical", self.typical)
+        number("typical_threshold", self.typical_threshold, 0, 1)
+        number("typical_alpha", self.typical_alpha, 0, 1)
         integer("num_beams", self.num_beams, 1, 64)
         if self.beam_top_k is not None:
             integer("beam_top_k", self.beam_top_k, 1)

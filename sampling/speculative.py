@@ -9,16 +9,30 @@ from torch import Tensor
 
 from sampling.base import Clock, DecodeConfig, Round, Strategy, check_prompt, clip
 from sampling.drafters.base import Draft, Drafter
-from sampling.verify import accept_greedy, accept_stochastic, accept_tree_greedy, accept_tree_stochastic
+from sampling.verify import (
+    accept_greedy,
+    accept_stochastic,
+    accept_tree_greedy,
+    accept_tree_stochastic,
+    accept_tree_typical,
+)
 from utils.caching import CachedModel
 from utils.logits_processor import LogitsProcessor
 
 
 class Speculative(Strategy):
-    def __init__(self, target: CachedModel, drafter: Drafter, gamma: int = 4, name: str = "speculative"):
+    def __init__(self, target: CachedModel, drafter: Drafter, gamma: int = 4, name: str = "speculative",
+                 typical: tuple[float, float] | None = None):
+        """`typical`: (threshold, alpha) for Medusa's typical acceptance when sampling, which does NOT keep the
+        target's distribution (an explicit opt-in; `lossless` says so); None: the lossless rules."""
         if int(gamma) != gamma or gamma < 1:
             raise ValueError(f"gamma (draft length) must be an integer >= 1, got {gamma}")
         self.target, self.drafter, self.gamma, self.name = target, drafter, int(gamma), name
+        self.typical = typical
+
+    @property
+    def lossless(self) -> bool:
+        return self.typical is None
 
     @property
     def models(self) -> list[CachedModel]:
@@ -40,7 +54,7 @@ class Speculative(Strategy):
             logits = (self.target.extend(ids + draft.tokens, keep=len(draft) + 1) if draft.parents is None
                       else self.target.extend_tree(ids, draft.tokens, draft.parents))
             # 3. Accept: a prefix of the chain, a path of the tree.
-            path, token = accept(draft, logits, processor, generator)
+            path, token = accept(draft, logits, processor, generator, self.typical)
             tokens, finished = clip([draft.tokens[i] for i in path] + [token], config.end_ids, budget)
             start = len(ids)
             ids += tokens
@@ -55,11 +69,17 @@ class Speculative(Strategy):
                 return
 
 
-def accept(draft: Draft, logits: Tensor, processor: LogitsProcessor,
-           generator: torch.Generator | None) -> tuple[list[int], int]:
+def accept(draft: Draft, logits: Tensor, processor: LogitsProcessor, generator: torch.Generator | None,
+           typical: tuple[float, float] | None = None) -> tuple[list[int], int]:
     """The accepted drafts as indices into `draft.tokens` (a prefix of a chain, a path of a tree), and the token to
     commit after them."""
     x = torch.tensor(draft.tokens, dtype=torch.long, device=logits.device)
+    if typical is not None and not processor.is_greedy:
+        chain = torch.arange(-1, len(draft) - 1, device=logits.device)
+        parents = chain if draft.parents is None else torch.tensor(draft.parents, dtype=torch.long,
+                                                                   device=logits.device)
+        last, token = accept_tree_typical(x, parents, processor.probs(logits), *typical, generator)
+        return draft.path(last), token
     if draft.parents is None:
         if processor.is_greedy:
             accepted, token = accept_greedy(x, logits)

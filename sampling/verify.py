@@ -109,3 +109,22 @@ def _along_paths(flag: Tensor, parents: Tensor) -> tuple[Tensor, Tensor]:
     for _ in range(max(len(up) - 1, 1).bit_length()):
         flag, depth, up = flag & flag[up], depth + depth[up], up[up]
     return flag, depth
+
+
+def accept_tree_typical(x: Tensor, parents: Tensor, p: Tensor, threshold: float, alpha: float,
+                        generator: torch.Generator | None) -> tuple[int, int]:
+    """Medusa's typical acceptance, NOT lossless: a token passes where the target gives it more than
+    min(threshold, alpha * exp(-entropy)) at its parent's row; the deepest path of passing tokens is kept, and the
+    token after it is sampled from p there. The output then no longer follows p exactly (it favours the drafts).
+
+    p: (T+1, V) target probabilities; a chain is the tree whose parents are -1, 0, 1, ...
+    """
+    rows = parents + 1
+    entropy = -(p * p.clamp_min(torch.finfo(p.dtype).tiny).log()).sum(-1)  # (T+1,)
+    floor = torch.minimum(torch.full_like(entropy, threshold), alpha * torch.exp(-entropy))
+    passes = p[rows, x] > floor[rows]
+    on_path, depth = _along_paths(torch.cat([passes.new_ones(1), passes]), parents)
+    row = torch.where(on_path, depth, -1).argmax()
+    choices = torch.multinomial(p, 1, generator=generator).squeeze(-1)  # (T+1,)
+    row, token = torch.stack([row, choices[row]]).tolist()
+    return row - 1, token

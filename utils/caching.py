@@ -68,6 +68,9 @@ class CachedModel:
 
     `step_model`: `model` compiled for one-token forwards (`compile_step`), which it then takes once the cache holds
     two tokens or more (a cache of 0 or 1 would compile a graph of its own: torch specializes those sizes).
+
+    `keep_hidden()`: from then on `hidden` also holds the model's last hidden state (after its final norm) of every
+    cached token, row for row with `tokens`, through crops and moved rows alike: what draft heads read.
     """
 
     def __init__(self, model, prefill_model=None, prefill_from: int = 8):
@@ -77,6 +80,24 @@ class CachedModel:
         self.tokens: list[int] = []
         self.forwards = 0
         self.device = next(model.parameters()).device
+        self.keeps_hidden = False
+        self._hidden: Tensor | None = None  # (capacity, H) float32; rows beyond len(tokens) are stale
+
+    def keep_hidden(self) -> None:
+        """Record hidden states from the next forward on (the cached tokens before it have none: they are dropped)."""
+        if not self.keeps_hidden:
+            self.keeps_hidden = True
+            self.reset()
+
+    @property
+    def hidden(self) -> Tensor:
+        """(len(tokens), H) the last hidden state of every cached token (`keep_hidden`)."""
+        if not self.keeps_hidden:
+            raise ValueError("this model does not keep its hidden states: call keep_hidden() first")
+        if self._hidden is None:
+            width = self.model.get_input_embeddings().weight.shape[1]
+            return torch.empty(0, width, device=self.device)
+        return self._hidden[: len(self.tokens)]
 
     @property
     def max_length(self) -> int:
@@ -100,7 +121,10 @@ class CachedModel:
         must then be brought back to committed tokens (`keep`).
         """
         start = len(self.tokens)
-        step = self.step_model is not None and len(ids) == 1 and start >= 2 and not model_kwargs
+        step = (self.step_model is not None and len(ids) == 1 and start >= 2 and not model_kwargs
+                and not self.keeps_hidden)
+        if self.keeps_hidden:
+            model_kwargs["output_hidden_states"] = True
         if "position_ids" not in model_kwargs:
             model_kwargs["position_ids"] = torch.arange(start, start + len(ids), device=self.device)[None]
         input_ids = torch.tensor([ids], dtype=torch.long, device=self.device)
@@ -115,10 +139,22 @@ class CachedModel:
         except BaseException:  # e.g. Ctrl-C: some layers may hold the new tokens and others not
             self.cache, self.tokens = DynamicCache(config=self.model.config), []
             raise
+        if self.keeps_hidden:
+            self._store_hidden(start, out.hidden_states[-1][0])
         self.tokens.extend(ids)
         self.forwards += 1
         logits = out.logits[0, -keep:]
         return logits if logits.dtype == torch.float64 else logits.float()
+
+    def _store_hidden(self, start: int, rows: Tensor) -> None:
+        end = start + len(rows)
+        if self._hidden is None or self._hidden.shape[0] < end:
+            dtype = torch.float64 if rows.dtype == torch.float64 else torch.float32
+            grown = torch.empty(max(2 * end, 256), rows.shape[-1], device=rows.device, dtype=dtype)
+            if self._hidden is not None:
+                grown[:start] = self._hidden[:start]
+            self._hidden = grown
+        self._hidden[start:end] = rows.float()
 
     def _cache_in(self, dtype: torch.dtype) -> None:
         """The cached keys and values in `dtype`: a prefill model may compute in another dtype than the decoding one
@@ -207,4 +243,6 @@ class CachedModel:
                 layer.keys[..., dst, :] = layer.keys[..., src, :]
                 layer.values[..., dst, :] = layer.values[..., src, :]
             self.tokens[dst] = [self.tokens[r] for r in rows[moved:]]
+            if self.keeps_hidden and self._hidden is not None:
+                self._hidden[dst] = self._hidden[src]
         self.crop(length + len(rows))

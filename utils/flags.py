@@ -22,7 +22,7 @@ FLAG_OF_SETTING = {
     "draft_cumulative": "--draft-cumulative", "lookahead_window": "--lookahead W", "lookahead_ngram": "--lookahead N",
     "lookahead_candidates": "--lookahead G", "num_beams": "--num-beams", "temperature": "--temperature",
     "top_k": "--top-k", "top_p": "--top-p", "min_p": "--min-p", "max_new_tokens": "--max-new-tokens",
-    "seed": "--seed",
+    "seed": "--seed", "head_branch": "--head-branch",
 }
 
 
@@ -47,6 +47,10 @@ def add_model_flags(group: argparse._ActionsContainer) -> None:
     low_bit = "int4 needs bfloat16; auto: int4 on a bf16 CPU, int8 on CUDA (default: the preset's)"
     group.add_argument("--target-quantize", choices=QUANTIZE_CHOICES, help=f"target weights; {low_bit}")
     group.add_argument("--drafter-quantize", choices=QUANTIZE_CHOICES, help=f"drafter weights; {low_bit}")
+    group.add_argument("--head", action="append", metavar="DIR",
+                       help="a trained draft head for the eagle or medusa strategy (train_head.py makes one; "
+                            "repeat for both kinds); default: the heads the project ships for the target; "
+                            "'none' for none")
     group.add_argument("--trust-remote-code", action="store_true", help="allow models that ship their own code")
     group.add_argument("--verify", action="store_true",
                        help="check the sha256 of every file of a converted model (sizes are checked on every load)")
@@ -88,6 +92,11 @@ def add_decoding_flags(group: argparse._ActionsContainer, max_new_tokens: int | 
                        help="time this machine's forwards once (seconds; kept in the cache dir) and choose gamma, "
                             "the verify width, the alternatives and the cumulative stop from them; --no-calibrate "
                             "keeps the built-in defaults")
+    group.add_argument("--head-branch", type=int, default=s.head_branch, metavar="N",
+                       help="eagle and medusa: each draft node's likeliest children kept in the tree (1: a chain)")
+    group.add_argument("--typical", action="store_true",
+                       help="sampling with eagle or medusa: Medusa's typical acceptance (threshold 0.09, alpha 0.3). "
+                            "NOT lossless: the answer no longer follows the target's distribution")
     group.add_argument("--lookahead", type=int, nargs=3, metavar=("W", "N", "G"),
                        default=(s.lookahead_window, s.lookahead_ngram, s.lookahead_candidates),
                        help="lookahead window W, n-gram size N, verified candidates G")
@@ -146,7 +155,8 @@ def decoding(args: argparse.Namespace) -> Decoding:
         given = {name: getattr(args, flag) for name, flag in CALIBRATED_FLAGS.items()
                  if getattr(args, flag) is not None}
         strategy = StrategySettings(num_beams=args.num_beams, lookahead_window=window, lookahead_ngram=ngram,
-                                    lookahead_candidates=candidates, **given)
+                                    lookahead_candidates=candidates, head_branch=args.head_branch,
+                                    typical=args.typical, **given)
         processor = make_processor(args.temperature, args.top_k, args.top_p, args.min_p)
         config = DecodeConfig(args.max_new_tokens, processor, seed=args.seed)
     except SettingError as error:

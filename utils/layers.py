@@ -23,3 +23,13 @@ def replace_layers(model: nn.Module, kind: type[nn.Module],
                 setattr(parent, name, new)
                 replaced += 1
     return replaced, kept
+
+
+def linear_weight(layer: nn.Module):
+    """The (out, in) weight a linear layer multiplies by, in any of the project's formats, as a plain tensor."""
+    if isinstance(layer, nn.Linear):
+        return layer.weight.detach()
+    for read in ("dense_weight", "dequantized"):  # prepacked float32; int4 and int8
+        if hasattr(layer, read):
+            return getattr(layer, read)()
+    raise TypeError(f"no weight can be read from a {type(layer).__name__}")

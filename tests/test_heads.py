@@ -1,0 +1,230 @@
+"""Trained draft heads (EAGLE, Medusa): lossless as chains and trees, their features consistent through rollback,
+every file format read, and train_head.py training one on a tiny target in seconds."""
+
+import json
+
+import pytest
+import torch
+
+import train_head
+from sampling.autoregressive import Autoregressive
+from sampling.base import DecodeConfig
+from sampling.drafters.eagle import EagleDrafter
+from sampling.drafters.medusa import MedusaDrafter
+from sampling.registry import build_strategy
+from sampling.settings import StrategySettings
+from sampling.speculative import Speculative
+from sampling.verify import accept_tree_typical
+from tests.distribution import FALSE_ALARM, chi_square_test, exact_sequence_distribution
+from tests.helpers import save_tiny_checkpoint, tiny_model
+from utils.caching import CachedModel
+from utils.heads import HeadConfig, bind, build, eagle_config, load_head, load_heads, save_head
+from utils.loading import load_model
+from utils.logits_processor import GreedyProcessor, MultinomialProcessor, TopKNucleusProcessor
+from utils.presets import ModelLoadError
+
+PROMPTS = ([5, 9, 14, 3], [5, 9, 14, 3, 22, 8, 40], [71, 2])  # the second shares the first's beginning
+
+
+def random_head(model, kind: str, seed: int = 1, std: float = 0.2, vocab=None, **config):
+    c = eagle_config(model.config, 48) if kind == "eagle" else HeadConfig("medusa", model.config.hidden_size,
+                                                                         num_heads=3, **config)
+    module = build(c)
+    torch.manual_seed(seed)
+    with torch.no_grad():
+        for p in module.parameters():
+            p.normal_(0, std)
+    return bind(c, module, model, vocab, dtype=next(model.parameters()).dtype)
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    """A tiny saved target, and an eagle and a medusa head trained for it by train_head.py."""
+    root = tmp_path_factory.mktemp("heads")
+    target = save_tiny_checkpoint(root / "target")
+    prompts = root / "prompts.jsonl"
+    prompts.write_text("\n".join(json.dumps({"category": "x", "turns": [f"question {i}: the fox and the dog"]})
+                                 for i in range(16)))
+    results = {}
+    for kind in ("eagle", "medusa"):
+        argv = ["--target", str(target), "--kind", kind, "--out", str(root / kind), "--prompts", str(prompts),
+                "--max-new-tokens", "24", "--batch", "8", "--time-budget", "2", "--epochs", "25", "--intermediate",
+                "64", "--lr", "3e-3", "--no-progress"] + (["--data", str(root / "eagle" / "data")] * (kind == "medusa"))
+        assert train_head.main(argv) == 0
+        results[kind] = root / kind
+    return target, results
+
+
+@pytest.fixture(scope="module")
+def target64(trained):
+    return load_model(str(trained[0]), device="cpu", dtype="float64", progress=False).model
+
+
+def generate(strategy, prompt, processor=None, n=30, seed=None):
+    config = DecodeConfig(max_new_tokens=n, processor=processor or GreedyProcessor(), seed=seed)
+    return strategy.generate(prompt, config)
+
+
+@pytest.mark.parametrize("kind", ["eagle", "medusa"])
+@pytest.mark.parametrize("branch", [1, 3])
+def test_greedy_head_decoding_equals_autoregressive_token_for_token(trained, target64, kind, branch):
+    """float64, chain (one branch) and tree, prompts in a row sharing the caches, as the chat does."""
+    head = load_head(trained[1][kind], target64, torch.float64)
+    target = CachedModel(target64)
+    strategy = build_strategy(kind, target, None, StrategySettings(gamma=5, verify_width=10, head_branch=branch),
+                              {kind: head})
+    reference = Autoregressive(CachedModel(target64))
+    accepted = 0
+    for prompt in PROMPTS:
+        result = generate(strategy, prompt)
+        assert result.token_ids == generate(reference, prompt).token_ids
+        accepted += result.stats.accepted
+    assert accepted > 0  # the trained head's drafts are taken: the accepting paths ran
+
+
+def test_the_targets_features_stay_those_of_its_cached_tokens_through_rollback(trained, target64):
+    """After tree rounds (rejected branches, accepted paths moved in place) the kept hidden states are exactly what
+    a fresh forward over the cached tokens gives."""
+    head = load_head(trained[1]["eagle"], target64, torch.float64)
+    target = CachedModel(target64)
+    strategy = Speculative(target, EagleDrafter(target, head, 3, 9), gamma=4, name="eagle")
+    for prompt in PROMPTS[:2]:
+        generate(strategy, prompt, n=25)
+        with torch.no_grad():
+            fresh = target64(input_ids=torch.tensor([target.tokens]), output_hidden_states=True).hidden_states[-1][0]
+        assert target.hidden.shape == fresh.shape
+        torch.testing.assert_close(target.hidden, fresh, rtol=1e-9, atol=1e-9)
+
+
+def test_training_reports_held_out_tokens_per_step_and_beats_an_untrained_head(trained):
+    for kind, floor in (("eagle", 1.5), ("medusa", 1.05)):
+        meta = json.loads((trained[1][kind] / "head.json").read_text())
+        info = meta["training"]
+        assert info["answers"] == 16 and info["held_out_answers"] == 2 and info["answer_tokens"] > 0
+        assert info["held_out"]["chain_tokens_per_step"] > floor, (kind, info["held_out"])
+        assert info["held_out"]["tree_tokens_per_step"] >= 1.0
+        assert info["command"].startswith("python train_head.py --target")
+    # the medusa run reused the eagle run's answers: none made again
+    assert not (trained[1]["medusa"] / "data").exists()
+
+
+def test_training_resumes_from_its_answers_and_checkpoint(trained, tmp_path):
+    target, heads = trained
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text("\n".join(json.dumps({"category": "x", "turns": [f"q {i}"]}) for i in range(4)))
+    argv = ["--target", str(target), "--kind", "medusa", "--out", str(tmp_path / "h"), "--prompts", str(prompts),
+            "--max-new-tokens", "8", "--batch", "2", "--epochs", "2", "--no-progress"]
+    assert train_head.main(argv) == 0
+    first = json.loads((tmp_path / "h" / "head.json").read_text())["training"]
+    assert train_head.main(argv + ["--resume", "--epochs", "3"]) == 0
+    again = json.loads((tmp_path / "h" / "head.json").read_text())["training"]
+    assert first["epochs"] == 2 and again["epochs"] == 3 and again["steps"] == first["steps"] * 3 // 2
+    assert again["answers"] == first["answers"] == 4
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind, branch", [("eagle", 1), ("eagle", 3), ("medusa", 2)])
+def test_head_sampling_follows_the_target_distribution(kind, branch):
+    model = tiny_model(vocab_size=6, seed=11, layers=1, hidden=16)
+    head = random_head(model, kind, std=0.5)
+    processor = TopKNucleusProcessor(temperature=1.2, top_k=4, top_p=0.9)
+    prompt, length = [1, 4, 2], 3
+    target = CachedModel(model)
+    drafter = EagleDrafter(target, head, branch, 4) if kind == "eagle" else MedusaDrafter(target, head, branch, 4)
+    strategy = Speculative(target, drafter, gamma=2, name=kind)
+    samples = [tuple(generate(strategy, prompt, processor, n=length, seed=i).token_ids) for i in range(1500)]
+    stat, critical = chi_square_test(samples, exact_sequence_distribution(model, prompt, length, processor))
+    assert stat <= critical, f"chi-square {stat:.1f} > {critical:.1f} (false alarm {FALSE_ALARM})"
+
+
+def test_typical_acceptance_is_an_opt_in_labelled_not_lossless():
+    model = tiny_model(vocab_size=31, seed=3)
+    head = random_head(model, "medusa")
+    lossless = build_strategy("medusa", CachedModel(model), None, StrategySettings(), {"medusa": head})
+    typical = build_strategy("medusa", CachedModel(model), None, StrategySettings(typical=True), {"medusa": head})
+    assert lossless.lossless and not typical.lossless
+    # the rule itself: a token the target gives more than min(threshold, alpha * exp(-H)) passes, the others not
+    p = torch.tensor([[0.7, 0.2, 0.1], [0.05, 0.9, 0.05], [1 / 3, 1 / 3, 1 / 3]], dtype=torch.float64)
+    x, parents = torch.tensor([0, 1]), torch.tensor([-1, 0])
+    last, token = accept_tree_typical(x, parents, p, 0.09, 0.3, torch.Generator().manual_seed(0))
+    assert last == 1 and token in (0, 1, 2)  # both pass: 0.7 and 0.9 are above their floors
+    last, _ = accept_tree_typical(torch.tensor([2]), torch.tensor([-1]), p, 0.09, 0.3, None)
+    assert last == 0  # 0.1 at a row whose floor is min(0.09, 0.3 * exp(-0.80)) = 0.09: passes, unlike the lossless rule
+    last, _ = accept_tree_typical(torch.tensor([0]), torch.tensor([-1]), p[1:], 0.09, 0.3, None)
+    assert last == -1  # 0.05 is below 0.09
+    generated = generate(typical, [3, 4, 5], MultinomialProcessor(1.0), n=12, seed=0)
+    assert len(generated.token_ids) == 12
+
+
+def test_project_format_round_trip_and_published_layouts(tmp_path):
+    model = tiny_model(vocab_size=41, seed=2, dtype=torch.float32)
+    # the project's: weights and the draft vocabulary come back as saved (stored in bfloat16)
+    eagle = random_head(model, "eagle", vocab=torch.arange(0, 41, 3))
+    save_head(tmp_path / "ours", eagle.config, eagle.module, eagle.vocab, {"answers": 3})
+    back = load_head(tmp_path / "ours", model)
+    assert back.config == eagle.config and torch.equal(back.vocab, eagle.vocab) and back.info == {"answers": 3}
+    for name, tensor in eagle.module.state_dict().items():
+        torch.testing.assert_close(back.module.state_dict()[name], tensor.bfloat16().float())
+    # EAGLE-1/2 authors' layout: config.json (Llama-style) and pytorch_model.bin, layer 0 without its input norm
+    c = eagle.config
+    published = {f"layers.0.{k}": v for k, v in eagle.module.layers[0].state_dict().items()
+                 if k != "post_attention_layernorm"}
+    published |= {"fc.weight": eagle.module.fc.weight, "layers.0.post_attention_layernorm.weight":
+                  eagle.module.layers[0].post_attention_layernorm.detach(),
+                  "layers.0.input_layernorm.weight": torch.ones(c.hidden_size),
+                  "embed_tokens.weight": torch.zeros(41, 32)}
+    (tmp_path / "eagle").mkdir()
+    torch.save(published, tmp_path / "eagle" / "pytorch_model.bin")
+    (tmp_path / "eagle" / "config.json").write_text(json.dumps({
+        "architectures": ["LlamaForCausalLM"], "hidden_size": 32, "num_attention_heads": c.num_attention_heads,
+        "num_key_value_heads": c.num_key_value_heads, "intermediate_size": c.intermediate_size, "rms_norm_eps": 1e-6,
+        "rope_theta": c.rope_theta, "vocab_size": 41}))
+    theirs = load_head(tmp_path / "eagle", model)
+    assert theirs.vocab is None and theirs.info["source"] == "EAGLE authors' format"
+    x, e = torch.randn(1, 5, 32), torch.randn(1, 5, 32)
+    torch.testing.assert_close(theirs.module(x, e, torch.arange(5)), eagle.module(x, e, torch.arange(5)))
+    # Medusa authors' layout: each head's residual blocks and its own output layer over the whole vocabulary
+    (tmp_path / "medusa").mkdir()
+    generator = torch.Generator().manual_seed(0)
+    state = {}
+    for head in range(2):
+        state[f"{head}.0.linear.weight"] = torch.randn(32, 32, generator=generator) * 0.1
+        state[f"{head}.0.linear.bias"] = torch.zeros(32)
+        state[f"{head}.1.weight"] = torch.randn(41, 32, generator=generator)
+    torch.save(state, tmp_path / "medusa" / "medusa_lm_head.pt")
+    (tmp_path / "medusa" / "config.json").write_text(json.dumps({"medusa_num_heads": 2, "medusa_num_layers": 1,
+                                                                 "base_model_name_or_path": "tiny"}))
+    medusa = load_head(tmp_path / "medusa", model)
+    assert medusa.config.own_lm_head and medusa.config.num_heads == 2 and medusa.config.vocab_size == 41
+    target = CachedModel(model)
+    drafter = MedusaDrafter(target, medusa, 1, 4)
+    ids = [3, 7, 1, 9]
+    target.extend(ids)
+    draft = drafter.propose(ids + [5], 2, GreedyProcessor(), None)
+    with torch.no_grad():
+        feature = target.hidden[-1]
+        expected = [int(torch.argmax(state[f"{h}.1.weight"] @ (feature + torch.nn.functional.silu(
+            state[f"{h}.0.linear.weight"] @ feature)))) for h in range(2)]
+    assert draft.tokens == expected
+
+
+def test_unusable_heads_are_refused_with_a_reason(tmp_path):
+    model = tiny_model(vocab_size=41, seed=2, dtype=torch.float32)
+    other = tiny_model(vocab_size=41, seed=2, hidden=16, dtype=torch.float32)
+    head = random_head(other, "medusa")
+    save_head(tmp_path / "narrow", head.config, head.module, None, {})
+    with pytest.raises(ModelLoadError, match="width 16, the target's are 32: it was trained for another model"):
+        load_head(tmp_path / "narrow", model)
+    with pytest.raises(ModelLoadError, match="no head directory"):
+        load_head(tmp_path / "missing", model)
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(ModelLoadError, match="neither head.json"):
+        load_head(tmp_path / "empty", model)
+    save_head(tmp_path / "damaged", head.config, head.module, None, {})
+    (tmp_path / "damaged" / "head.safetensors").write_bytes(b"garbage")
+    with pytest.raises(ModelLoadError, match="cannot read the head in") as error:
+        load_head(tmp_path / "damaged", model)
+    assert "\n" not in str(error.value)
+    with pytest.raises(ValueError, match="needs a trained eagle head"):
+        build_strategy("eagle", CachedModel(model), None, StrategySettings(), {})
+    assert load_heads(["none"], "tiny", model) == {}
