@@ -296,6 +296,9 @@ def main(argv: list[str] | None = None) -> int:
             "top_k": args.top_k, "top_p": args.top_p, "min_p": args.min_p, "seed": args.seed,
             "hf_sampling_kwargs": sampling_kwargs(processor), "strategy_settings": asdict(settings),
             "calibration": calibration.as_dict() if calibration else None,
+            "heads": {kind: {"path": head.info.get("path"), "parameters": head.size, "config": asdict(head.config),
+                             "training": {k: v for k, v in head.info.items() if k != "path"}}
+                      for kind, head in heads.items()},
             "prompts": str(args.prompts), "categories": _split(args.categories) or None, "limit": args.limit,
             "quick": args.quick, "prompt_counts": count_by_category(prompts), "context_limit": context_limit,
             "warmup_tokens": run_settings.warmup_tokens, "sklearn_available": sklearn_available(),

@@ -108,13 +108,13 @@ def parse_strategies(text: str | None, has_drafter: bool, heads: frozenset[str] 
             raise InputError(f"unknown strategy {name!r}; choose from {', '.join(STRATEGIES)}")
     if len(set(names)) != len(names):
         raise InputError("--strategy lists a strategy twice")
-    if heads is not None:
+    if not explicit:
+        names = tuple(name for name in names if name not in NEEDS_HEAD or name in (heads or ()))
+    elif heads is not None:
         missing = [name for name in names if name in NEEDS_HEAD and name not in heads]
-        if explicit and missing:
+        if missing:
             raise InputError(f"strategy {missing[0]!r} needs a trained {missing[0]} head; pass --head DIR "
                              f"(train_head.py --kind {missing[0]} makes one)")
-        if not explicit:
-            names = tuple(name for name in names if name not in NEEDS_HEAD or name in heads)
     if has_drafter:
         return names
     if explicit and any(name in NEEDS_DRAFTER for name in names):

@@ -21,6 +21,7 @@ def result_json(session: ChatSession, run: Run) -> dict:
     stats = run.stats
     return {
         "strategy": run.strategy,
+        "lossless": run.lossless,
         "text": session.decode(session.answer_ids(run)),
         "token_ids": run.token_ids,
         "new_tokens": stats.new_tokens,

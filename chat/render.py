@@ -77,6 +77,7 @@ class ComparisonRow:
     token_ids: list[int] = field(default_factory=list)
     interrupted: bool = False
     failed: bool = False
+    lossless: bool = True
 
     @property
     def complete(self) -> bool:
@@ -84,7 +85,7 @@ class ComparisonRow:
 
 
 def turn_rows(turn: Turn) -> list[ComparisonRow]:
-    return [ComparisonRow(run.strategy, run.stats, run.token_ids, run.interrupted, run.error is not None)
+    return [ComparisonRow(run.strategy, run.stats, run.token_ids, run.interrupted, run.error is not None, run.lossless)
             for run in turn.runs]
 
 
@@ -138,6 +139,7 @@ def comparison_table(rows: list[ComparisonRow], greedy: bool = True, baseline: s
         up = speedup(row.stats, base.stats if base else None)
         same = identical_to_baseline(row, base, greedy)
         name = row.strategy + (" (failed)" if row.failed else " (interrupted)" if row.interrupted else "")
+        name += "" if row.lossless else " (typical: NOT lossless)"
         best = fastest is not None and row.complete and row.stats.tokens_per_second == fastest
         table.add_row(name, str(row.stats.new_tokens), _rate(row.stats.tokens_per_second),
                       f"{up:.2f}×" if up is not None else DASH, _percent(row.stats), _per_round(row.stats),
@@ -212,6 +214,18 @@ def running(strategies: tuple[str, ...], compare: bool) -> str:
     return f"{', '.join(strategies)} (history from {strategies[0]})"
 
 
+def describe_heads(heads: dict) -> str:
+    """The loaded draft heads: kind, size, and the tokens per step they reached on held-out answers."""
+    if not heads:
+        return "none (eagle and medusa need one: --head DIR, train_head.py)"
+    parts = []
+    for kind, head in heads.items():
+        held = head.info.get("held_out", {}).get("tree_tokens_per_step")
+        parts.append(f"{kind} ({head.size / 1e6:.1f}M parameters" + (f", {held:.2f} tokens/step held out" if held
+                                                                      else "") + ")")
+    return " · ".join(parts)
+
+
 def banner(info: ModelInfo, session: ChatSession, compare: bool) -> Panel:
     settings = session.settings
     grid = Table.grid(padding=(0, 2))
@@ -221,6 +235,7 @@ def banner(info: ModelInfo, session: ChatSession, compare: bool) -> Panel:
         "target": info.target + (f" · {info.target_format}" if info.target_format else ""),
         "drafter": (info.drafter or "none") + (f" · {info.drafter_format}" if info.drafter_format else "")
                    + (f" · step {session.compile_status}" if session.compile_status else ""),
+        "heads": describe_heads(session.heads),
         "device": info.device,
         "drafting": (f"calibrated for this machine: {session.tuning.summary(settings.strategy)} (/stats: why)"
                      if session.tuning else f"not calibrated: gamma {settings.strategy.gamma}, verify width "

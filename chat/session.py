@@ -102,6 +102,7 @@ class Run:
     rounds: list[Round] = field(default_factory=list)
     interrupted: bool = False
     error: str | None = None  # why it failed, where a turn goes on past a failed strategy (the one-shot mode)
+    lossless: bool = True  # False: typical acceptance while sampling (the output does not follow the target's)
 
     @property
     def result(self) -> Result:
@@ -299,6 +300,10 @@ class ChatSession:
         for lm in self._models():
             self._reuse[id(lm)] = common_prefix_length(lm.tokens, plan.ids)
         plan.reused = self._reuse[id(self.target)]
+
+    def lossless(self, name: str) -> bool:
+        """Whether `name` keeps the target's output distribution with the current settings."""
+        return self.settings.processor.is_greedy or getattr(self._strategies.get(name), "lossless", True)
 
     def stream(self, name: str, plan: Plan) -> Iterator[Round]:
         """The rounds of strategy `name` on the planned prompt, from caches cropped back to the turn's start."""

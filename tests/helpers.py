@@ -109,3 +109,37 @@ def load_tiny_pair(root: Path):
 
     target, drafter = save_tiny_pair(root)
     return load_pair(str(target), str(drafter), device="cpu", dtype="float32", progress=False)
+
+
+def random_head(model, kind: str, seed: int = 1, std: float = 0.2, vocab=None):
+    """An untrained eagle or medusa head of random weights bound to `model` in its dtype (any head keeps the output
+    lossless; a trained one is made by train_head.py)."""
+    from utils.heads import HeadConfig, bind, build, eagle_config
+
+    config = (eagle_config(model.config, 2 * model.config.hidden_size) if kind == "eagle"
+              else HeadConfig("medusa", model.config.hidden_size, num_heads=3))
+    module = build(config)
+    torch.manual_seed(seed)
+    with torch.no_grad():
+        for p in module.parameters():
+            p.normal_(0, std)
+    return bind(config, module, model, vocab, dtype=next(model.parameters()).dtype)
+
+
+def random_heads(model) -> dict:
+    return {kind: random_head(model, kind) for kind in ("eagle", "medusa")}
+
+
+def save_random_heads(target_dir: Path) -> list[str]:
+    """An eagle and a medusa head of random weights saved beside a saved tiny target, as --head takes them."""
+    from transformers import AutoModelForCausalLM
+
+    from utils.heads import save_head
+
+    model = AutoModelForCausalLM.from_pretrained(target_dir)
+    dirs = []
+    for kind in ("eagle", "medusa"):
+        head = random_head(model, kind)
+        save_head(Path(target_dir).parent / f"head-{kind}", head.config, head.module, None, {"held_out": {}})
+        dirs.append(str(Path(target_dir).parent / f"head-{kind}"))
+    return dirs

@@ -17,7 +17,7 @@ from benchmarks.report import plot, summarize
 from benchmarks.runner import first_difference
 from sampling.base import DecodeConfig
 from sampling.registry import STRATEGIES
-from tests.helpers import save_tiny_pair
+from tests.helpers import save_random_heads, save_tiny_pair
 from utils.loading import load_model
 from utils.logits_processor import make_processor
 
@@ -52,7 +52,9 @@ def checkpoints(tmp_path_factory):
 def quick_run(checkpoints, tmp_path_factory):
     target, drafter = checkpoints
     out = tmp_path_factory.mktemp("bench")
+    eagle, medusa = save_random_heads(target)
     argv = ["--quick", "--target", str(target), "--drafter", str(drafter), "--dtype", "float32", "--device", "cpu",
+            "--head", eagle, "--head", medusa,
             "--strategies", ",".join(LOSSLESS + HF), "--out", str(out / "run"), "--markdown",
             str(out / "README_results.md"), "--no-progress", "--cost-repeats", "2"]
     assert bench.main(argv) == 0

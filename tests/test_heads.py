@@ -16,25 +16,14 @@ from sampling.settings import StrategySettings
 from sampling.speculative import Speculative
 from sampling.verify import accept_tree_typical
 from tests.distribution import FALSE_ALARM, chi_square_test, exact_sequence_distribution
-from tests.helpers import save_tiny_checkpoint, tiny_model
+from tests.helpers import random_head, save_tiny_checkpoint, tiny_model
 from utils.caching import CachedModel
-from utils.heads import HeadConfig, bind, build, eagle_config, load_head, load_heads, save_head
+from utils.heads import load_head, load_heads, save_head
 from utils.loading import load_model
 from utils.logits_processor import GreedyProcessor, MultinomialProcessor, TopKNucleusProcessor
 from utils.presets import ModelLoadError
 
 PROMPTS = ([5, 9, 14, 3], [5, 9, 14, 3, 22, 8, 40], [71, 2])  # the second shares the first's beginning
-
-
-def random_head(model, kind: str, seed: int = 1, std: float = 0.2, vocab=None, **config):
-    c = eagle_config(model.config, 48) if kind == "eagle" else HeadConfig("medusa", model.config.hidden_size,
-                                                                         num_heads=3, **config)
-    module = build(c)
-    torch.manual_seed(seed)
-    with torch.no_grad():
-        for p in module.parameters():
-            p.normal_(0, std)
-    return bind(c, module, model, vocab, dtype=next(model.parameters()).dtype)
 
 
 @pytest.fixture(scope="module")

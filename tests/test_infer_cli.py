@@ -12,7 +12,7 @@ import pytest
 
 import infer
 from sampling.registry import STRATEGIES
-from tests.helpers import save_tiny_pair
+from tests.helpers import save_random_heads, save_tiny_pair
 from utils.flags import model_choice
 
 REPO = Path(__file__).resolve().parent.parent
@@ -22,6 +22,11 @@ REPO = Path(__file__).resolve().parent.parent
 def checkpoints(tmp_path_factory):
     root = tmp_path_factory.mktemp("infer_cli")
     return save_tiny_pair(root)
+
+
+@pytest.fixture(scope="module")
+def head_dirs(checkpoints):
+    return save_random_heads(checkpoints[0])
 
 
 def test_help_documents_every_flag(capsys):
@@ -190,11 +195,11 @@ def test_preset_and_overrides():
 
 
 @pytest.mark.slow
-def test_one_shot_json_prints_exactly_one_object(checkpoints):
+def test_one_shot_json_prints_exactly_one_object(checkpoints, head_dirs):
     target, drafter = checkpoints
     argv = [sys.executable, "infer.py", "--target", str(target), "--drafter", str(drafter), "--dtype", "float32",
             "--device", "cpu", "--prompt", "hi", "--json", "-n", "6", "--strategy", ",".join(STRATEGIES),
-            "--system", "Be brief."]
+            "--system", "Be brief.", "--head", head_dirs[0], "--head", head_dirs[1]]
     done = subprocess.run(argv, cwd=REPO, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     assert done.stdout.count("\n") == 1
@@ -212,8 +217,31 @@ def test_one_shot_json_prints_exactly_one_object(checkpoints):
         by_name[result["strategy"]] = result
     assert by_name["autoregressive"]["acceptance_rate"] is None
     assert 0 <= by_name["speculative"]["acceptance_rate"] <= 1
-    for lossless in ("speculative", "ngram", "lookup"):  # greedy: token for token what autoregressive gives
+    for lossless in ("speculative", "ngram", "lookup", "eagle", "medusa"):  # greedy: what autoregressive gives
         assert by_name[lossless]["token_ids"] == by_name["autoregressive"]["token_ids"]
+        assert by_name[lossless]["lossless"] is True
+
+
+@pytest.mark.slow
+def test_head_strategies_need_a_head_and_say_how_to_get_one(checkpoints, head_dirs):
+    target, _ = checkpoints
+    base = [sys.executable, "infer.py", "--target", str(target), "--dtype", "float32", "--device", "cpu",
+            "--prompt", "hi", "--json", "-n", "4"]
+    done = subprocess.run(base + ["--strategy", "eagle,autoregressive"], cwd=REPO, capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 2 and "needs a trained eagle head; pass --head DIR" in done.stderr
+    done = subprocess.run(base + ["--head", head_dirs[0], "--head", head_dirs[0]], cwd=REPO, capture_output=True,
+                          text=True, timeout=120)
+    assert done.returncode == 1 and "two eagle heads given" in done.stderr
+    # without --strategy, a loaded head adds its strategy to the defaults
+    done = subprocess.run(base + ["--head", head_dirs[1], "--temperature", "0.8", "--seed", "1", "--typical"],
+                          cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    results = json.loads(done.stdout)["results"]
+    assert [r["strategy"] for r in results] == ["autoregressive"]  # eagle is a default, medusa is not
+    done = subprocess.run(base + ["--head", head_dirs[1], "--temperature", "0.8", "--seed", "1", "--typical",
+                                  "--strategy", "medusa"], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert json.loads(done.stdout)["results"][0]["lossless"] is False  # typical acceptance while sampling
 
 
 def test_drafting_flags_reach_the_strategy_settings():

@@ -9,6 +9,7 @@ from sampling.drafters.ngram import NGramDrafter, NGramStore
 from sampling.drafters.prompt_lookup import PromptLookupDrafter
 from sampling.registry import STRATEGIES, StrategySettings, build_strategy
 from sampling.speculative import Speculative
+from tests.helpers import random_heads
 from utils.caching import CachedModel
 from utils.checks import SettingError
 from utils.logits_processor import GreedyProcessor
@@ -31,7 +32,7 @@ def test_bad_max_new_tokens(max_new):
 @pytest.mark.parametrize("name", STRATEGIES)
 def test_prompt_longer_than_the_context_is_refused_up_front(target_model, small_drafter_model, name):
     target, drafter = CachedModel(target_model), CachedModel(small_drafter_model)
-    strategy = build_strategy(name, target, drafter)
+    strategy = build_strategy(name, target, drafter, heads=random_heads(target_model))
     too_long = [1] * target_model.config.max_position_embeddings
     with pytest.raises(ValueError, match=f"{len(too_long)} tokens"):
         next(iter(strategy.stream(too_long, DecodeConfig(max_new_tokens=4))))
@@ -42,7 +43,7 @@ def test_prompt_longer_than_the_context_is_refused_up_front(target_model, small_
 
 def test_unknown_strategy_and_missing_drafter(target_model):
     with pytest.raises(ValueError, match="unknown strategy"):
-        build_strategy("medusa", CachedModel(target_model), None)
+        build_strategy("hydra", CachedModel(target_model), None)
     with pytest.raises(ValueError, match="needs a drafter"):
         build_strategy("speculative", CachedModel(target_model), None)
 
@@ -50,7 +51,7 @@ def test_unknown_strategy_and_missing_drafter(target_model):
 @pytest.mark.parametrize("name", STRATEGIES)
 def test_rounds_add_up_to_the_result(target_model, small_drafter_model, name):
     strategy = build_strategy(name, CachedModel(target_model), CachedModel(small_drafter_model),
-                              StrategySettings(gamma=3))
+                              StrategySettings(gamma=3), random_heads(target_model))
     config = DecodeConfig(max_new_tokens=17)
     rounds = list(strategy.stream(PROMPT, config))
     result = strategy.generate(PROMPT, config)
