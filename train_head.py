@@ -47,6 +47,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--draft-vocab", type=int, default=16384, help="tokens the head drafts from (0: all)")
     p.add_argument("--intermediate", type=int, default=1024, help="eagle: its MLP's width")
     p.add_argument("--heads", type=int, default=3, help="medusa: its heads")
+    p.add_argument("--answers-only", action="store_true",
+                   help="train on the answers' positions only (default: the prompts' too: the target's features "
+                        "and predictions there are its own as well)")
     p.add_argument("--held-out", type=float, default=0.1, help="the share of prompts kept out for evaluation")
     p.add_argument("--eval-depth", type=int, default=6, help="draft depth of the held-out evaluation")
     p.add_argument("--eval-tree", type=int, default=13, help="tree size of the held-out evaluation")
@@ -164,21 +167,22 @@ def draft_vocabulary(data: list[dict], vocab_size: int, size: int):
     return torch.tensor(sorted(seen + fill))
 
 
-def losses(head, module, row: dict, noise: float, generator):
+def losses(head, module, row: dict, noise: float, generator, prompt: bool = True):
     """The head's loss on one sequence: soft-label cross-entropy (and EAGLE's feature distance); its top-1
-    agreement with the target on the answer positions."""
+    agreement with the target. `prompt`: the prompt's positions count too (the target's own features and
+    predictions there as well), else the answer's only."""
     import torch
     import torch.nn.functional as F
 
     feats = row["features"].float()  # (T - 1, H): position i's feature
     ids = row["ids"]
-    start = max(row["start"] - 1, 0)  # the first position whose next token is the answer's
+    start = 0 if prompt else max(row["start"] - 1, 0)  # from the first position whose next token is the answer's
     if head.config.kind == "eagle":
         # position i reads (f_i, x_{i+1}) and predicts f_{i+1}: pairs i = 0 .. T - 3
         x = feats[:-1]
         std = x.std(0, keepdim=True)
         x = x + (torch.rand(x.shape, generator=generator) - 0.5) * 2 * noise * std
-        embeds = head.embed[ids[1:-1]]
+        embeds = head.embeds(ids[1:-1])
         pred = module(x[None], embeds[None], torch.arange(len(x)))[0]
         truth = feats[1:]
         keep = slice(start, None)
@@ -218,6 +222,7 @@ def train(head, module, train_rows: list[dict], args, budget: Budget, checkpoint
     generator = torch.Generator().manual_seed(args.seed)
     rng = random.Random(args.seed + state["epoch"])
     started = time.monotonic() - state["seconds"]
+    train_seconds = max(budget.left() - eval_reserve(budget) + state["seconds"], 1.0)
     bar = tqdm(total=steps_total, initial=state["step"], desc=f"training {head.config.kind}", unit="seq",
                disable=not progress)
     stopped = "epochs"
@@ -228,10 +233,12 @@ def train(head, module, train_rows: list[dict], args, budget: Budget, checkpoint
             if budget.left() <= eval_reserve(budget):
                 stopped = "time budget"
                 break
-            lr = args.lr * 0.5 * (1 + math.cos(math.pi * min(state["step"] / max(steps_total, 1), 1)))
+            # cosine decay over whichever ends first, the epochs or the time budget
+            done = max(state["step"] / max(steps_total, 1), (time.monotonic() - started) / train_seconds)
+            lr = args.lr * 0.5 * (1 + math.cos(math.pi * min(done, 1)))
             for group in optimizer.param_groups:
                 group["lr"] = max(lr, args.lr * 0.05)
-            loss, ce, agree = losses(head, module, train_rows[i], 0.1, generator)
+            loss, ce, agree = losses(head, module, train_rows[i], 0.1, generator, not args.answers_only)
             ce, agree = ce.detach(), agree.detach()
             optimizer.zero_grad(set_to_none=True)
             loss.backward()

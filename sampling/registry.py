@@ -34,7 +34,7 @@ def build_strategy(name: str, target: CachedModel, drafter: CachedModel | None,
             raise ValueError(f"strategy {name!r} needs a trained {name} head (--head DIR; train one with "
                              f"train_head.py --kind {name})")
         tree = s.verify_width - 1
-        made = (EagleDrafter(target, head, s.head_branch, tree, s.draft_cumulative) if name == "eagle"
+        made = (EagleDrafter(target, head, s.head_branch, tree, s.head_cumulative) if name == "eagle"
                 else MedusaDrafter(target, head, s.head_branch, tree))
         typical = (s.typical_threshold, s.typical_alpha) if s.typical else None
         return Speculative(target, made, s.gamma, name=name, typical=typical)

@@ -54,6 +54,9 @@ class StrategySettings:
     # eagle and medusa: each node's likeliest children kept (and, for eagle, the nodes a depth expands); the tree
     # has at most verify_width - 1 tokens and gamma levels.
     head_branch: int = 4
+    # eagle stops deepening once no node at the frontier is likelier than this: the draft model's rule (P < c * r)
+    # at a head step's cost, a few hundredths of a target step.
+    head_cumulative: float = 0.1
     # Sampling with eagle or medusa: Medusa's typical acceptance instead of the lossless rule. NOT lossless: the
     # output no longer follows the target's distribution (faster, as the drafts pass more often).
     typical: bool = False
@@ -83,6 +86,7 @@ class StrategySettings:
         integer("lookahead_ngram", self.lookahead_ngram, 2, 8)
         integer("lookahead_candidates", self.lookahead_candidates, 0, 16)  # 0: the Jacobi window's guesses alone
         integer("head_branch", self.head_branch, 1, 16)
+        number("head_cumulative", self.head_cumulative, 0, 1, high_open=True)
         switch("typical", self.typical)
         number("typical_threshold", self.typical_threshold, 0, 1)
         number("typical_alpha", self.typical_alpha, 0, 1)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import torch
 from torch import Tensor
 
@@ -58,12 +60,12 @@ class EagleDrafter(HeadDrafter):
         # 2. Grow the tree depth by depth from the last position's predicted feature.
         tokens, parents, scores = [], [], []
         forwards = 1
-        frontier = self._children(out[-1:], torch.zeros(1, dtype=out.dtype), [-1], tokens, parents, scores)
+        frontier = self._children(out[-1:], torch.zeros(1, dtype=torch.float64), [-1], tokens, parents, scores)
         columns: dict[int, int] = {}  # a fed node's column in the head's cache
         inputs = {node: out[-1] for node in frontier}  # the feature a node is read with: its parent's prediction
         for depth in range(2, k + 1):
             expand = sorted(frontier, key=lambda i: -scores[i])[: self.branch]
-            if not expand or torch.tensor(scores[expand[0]]).exp() < self.cumulative:
+            if not expand or math.exp(scores[expand[0]]) < self.cumulative:
                 break
             base = len(self.cache)
             mask = torch.zeros(len(expand), base + len(expand), dtype=torch.bool, device=features.device)
@@ -79,7 +81,7 @@ class EagleDrafter(HeadDrafter):
             positions = torch.full((len(expand),), n - 2 + depth - 1, dtype=torch.long)
             out = self._run(feats, head.token_ids(torch.tensor([tokens[i] for i in expand])).tolist(), positions, mask)
             forwards += 1
-            frontier = self._children(out, torch.tensor([scores[i] for i in expand], dtype=out.dtype), expand,
+            frontier = self._children(out, torch.tensor([scores[i] for i in expand], dtype=torch.float64), expand,
                                       tokens, parents, scores)
             inputs.update({child: out[expand.index(parents[child])] for child in frontier})
         self.cache.crop(n - 1)
@@ -89,14 +91,14 @@ class EagleDrafter(HeadDrafter):
 
     def _run(self, features: Tensor, token_ids: list[int], positions: Tensor, mask: Tensor) -> Tensor:
         """Head forward over rows (feature, token) at `positions`; their predicted features, (T, H)."""
-        embeds = self.head.embed[torch.tensor(token_ids, dtype=torch.long, device=features.device)]
+        embeds = self.head.embeds(torch.tensor(token_ids, dtype=torch.long, device=features.device))
         out = self.head.module(features[None], embeds[None], positions.to(features.device), mask, self.cache)
         return out[0]
 
     def _children(self, feats: Tensor, base: Tensor, nodes: list[int], tokens: list[int], parents: list[int],
                   scores: list[float]) -> list[int]:
         """Each node's `branch` likeliest next tokens, appended as its children; their indices."""
-        logp = self.head.logits(feats).log_softmax(-1) + base[:, None]
+        logp = self.head.logits(feats).log_softmax(-1).double() + base[:, None]
         top = logp.topk(min(self.branch, logp.shape[-1]), -1)
         children = []
         for node, values, indices in zip(nodes, top.values.tolist(), top.indices.tolist(), strict=True):

@@ -34,7 +34,7 @@ class HeadDrafter(Drafter):
         need = len(ids) - 1
         if need < 1 or common_prefix_length(self.target.tokens, ids) < need:
             return None
-        return self.target.hidden[:need].to(self.head.out.dtype)
+        return self.target.hidden[:need].to(self.head.dtype)
 
     def tree(self, tokens: list[int], parents: list[int], scores: list[float]) -> Draft:
         """The best `max_tree` candidates (draft-vocabulary indices) as a draft of token ids."""

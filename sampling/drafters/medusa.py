@@ -37,7 +37,7 @@ class MedusaDrafter(HeadDrafter):
         tokens, parents, scores = [], [], []
         frontier = [(-1, 0.0)]
         for out in outputs:  # depth by depth: every kept node of the last depth times this head's best tokens
-            logp = (out if own else self.head.logits(out))[0].log_softmax(-1)
+            logp = (out.float() if own else self.head.logits(out))[0].log_softmax(-1)
             top = logp.topk(min(self.branch, logp.shape[-1]))
             nodes = []
             for parent, score in frontier:
