@@ -43,7 +43,7 @@ from utils.flags import (
 )
 from utils.presets import default_cache_dir
 
-DEFAULT_STRATEGIES = ("auto", "speculative", "eagle", "autoregressive")  # eagle where a head is loaded
+DEFAULT_STRATEGIES = ("auto", "speculative", "autoregressive")  # eagle and medusa: /eagle, /medusa, --strategy
 DEFAULT_MAX_NEW_TOKENS = 256
 
 
