@@ -7,7 +7,7 @@ import torch
 from sampling.autoregressive import Autoregressive
 from sampling.base import DecodeConfig
 from sampling.registry import STRATEGIES, build_strategy
-from tests.helpers import tiny_model
+from tests.helpers import random_heads, tiny_model
 from utils.caching import CachedModel
 from utils.logits_processor import TopKNucleusProcessor
 
@@ -25,7 +25,7 @@ def test_greedy_strategies_equal_autoregressive_on_cuda(models, name):
     target, drafter = models
     config = DecodeConfig(max_new_tokens=40)
     expected = Autoregressive(CachedModel(target)).generate(PROMPT, config).token_ids
-    strategy = build_strategy(name, CachedModel(target), CachedModel(drafter))
+    strategy = build_strategy(name, CachedModel(target), CachedModel(drafter), heads=random_heads(target))
     assert strategy.generate(PROMPT, config).token_ids == expected
 
 
