@@ -219,3 +219,17 @@ def test_unusable_heads_are_refused_with_a_reason(tmp_path):
     with pytest.raises(ValueError, match="needs a trained eagle head"):
         build_strategy("eagle", CachedModel(model), None, StrategySettings(), {})
     assert load_heads(["none"], "tiny", model) == {}
+
+
+def test_a_compact_head_keeps_its_size_and_the_output(trained, target64):
+    """int4 weights (int8 where a layer's shape does not fit int4), bf16 activations: drafts change, output not."""
+    from utils.heads import compact
+
+    dense = load_head(trained[1]["eagle"], target64, torch.float64)
+    size = dense.size
+    head = compact(dense, "int4")
+    assert head.size == size and head.weights == "int4" and head.dtype == torch.bfloat16
+    target = CachedModel(target64)
+    strategy = build_strategy("eagle", target, None, StrategySettings(gamma=4, verify_width=8), {"eagle": head})
+    for prompt in PROMPTS:
+        assert generate(strategy, prompt).token_ids == generate(Autoregressive(CachedModel(target64)), prompt).token_ids

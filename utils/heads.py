@@ -228,7 +228,8 @@ class DraftHead:
 
     @property
     def size(self) -> int:
-        return sum(p.numel() for p in self.module.parameters())
+        """Its weights, counted before `compact` packed them."""
+        return self.info.get("parameters") or sum(p.numel() for p in self.module.parameters())
 
 
 def compact(head: DraftHead, weights: str) -> DraftHead:
@@ -246,6 +247,7 @@ def compact(head: DraftHead, weights: str) -> DraftHead:
         linear = linear.to(torch.bfloat16)
         return Int4Linear(linear) if weights == "int4" and fits(linear) else Int8Linear(linear, torch.bfloat16)
 
+    head.info.setdefault("parameters", head.size)
     module = head.module.to(torch.bfloat16)
     replace_layers(module, nn.Linear, low_bit)
     out = nn.Linear(head.out.shape[1], head.out.shape[0], bias=False)
