@@ -35,13 +35,6 @@ class EagleDrafter(HeadDrafter):
         self.cache = HeadCache()
         self.fed: list[int] = []  # the tokens of the head's cached (real) positions: ids[1:] of what it has read
 
-    @property
-    def max_length(self) -> int:
-        return self.target.max_length
-
-    def start(self, prompt_ids: list[int]) -> None:
-        pass  # the head's cache is kept by common prefix, like the models'
-
     @torch.inference_mode()
     def propose(self, ids: list[int], k: int, processor: LogitsProcessor, generator: torch.Generator | None) -> Draft:
         features = self.features(ids)
@@ -85,9 +78,7 @@ class EagleDrafter(HeadDrafter):
                                       tokens, parents, scores)
             inputs.update({child: out[expand.index(parents[child])] for child in frontier})
         self.cache.crop(n - 1)
-        draft = self.tree(tokens, parents, scores)
-        draft.forwards = forwards
-        return draft
+        return self.tree(tokens, parents, scores, forwards)
 
     def _run(self, features: Tensor, token_ids: list[int], positions: Tensor, mask: Tensor) -> Tensor:
         """Head forward over rows (feature, token) at `positions`; their predicted features, (T, H)."""

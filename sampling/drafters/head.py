@@ -28,6 +28,10 @@ class HeadDrafter(Drafter):
         self.max_tree = check_tree_size(max_tree)
         target.keep_hidden()
 
+    @property
+    def max_length(self) -> int:
+        return self.target.max_length
+
     def features(self, ids: list[int]) -> Tensor | None:
         """(len(ids) - 1, H): the target's feature at every committed position but the last; None where the target
         has not seen them all (a new prompt)."""
@@ -36,14 +40,14 @@ class HeadDrafter(Drafter):
             return None
         return self.target.hidden[:need].to(self.head.dtype)
 
-    def tree(self, tokens: list[int], parents: list[int], scores: list[float]) -> Draft:
-        """The best `max_tree` candidates (draft-vocabulary indices) as a draft of token ids."""
+    def tree(self, tokens: list[int], parents: list[int], scores: list[float], forwards: int) -> Draft:
+        """The best `max_tree` candidates (draft-vocabulary indices) as a draft of token ids, proposed in `forwards`
+        head forwards."""
         order = sorted(range(len(tokens)), key=lambda i: (-scores[i], i))[: self.max_tree]
         kept = sorted(order)  # a parent comes before its children
         new = {old: i for i, old in enumerate(kept)}
         ids = self.head.token_ids(torch.tensor([tokens[i] for i in kept], dtype=torch.long,
                                                device=self.head.out.device)).tolist()
         tree_parents = [new[parents[i]] if parents[i] >= 0 else -1 for i in kept]
-        if tree_parents == list(range(-1, len(kept) - 1)):
-            return Draft(ids)
-        return Draft(ids, parents=tree_parents)
+        chain = tree_parents == list(range(-1, len(kept) - 1))
+        return Draft(ids, parents=None if chain else tree_parents, forwards=forwards)

@@ -23,10 +23,6 @@ class MedusaDrafter(HeadDrafter):
         if head.config.kind != "medusa":
             raise ValueError(f"the medusa drafter needs a medusa head, not a {head.config.kind} head")
 
-    @property
-    def max_length(self) -> int:
-        return self.target.max_length
-
     @torch.inference_mode()
     def propose(self, ids: list[int], k: int, processor: LogitsProcessor, generator: torch.Generator | None) -> Draft:
         features = self.features(ids)
@@ -48,6 +44,4 @@ class MedusaDrafter(HeadDrafter):
                     scores.append(score + value)
             # only the nodes that can still be among the best max_tree grow further
             frontier = sorted(nodes, key=lambda node: -node[1])[: self.max_tree or len(nodes)]
-        draft = self.tree(tokens, parents, scores)
-        draft.forwards = 1
-        return draft
+        return self.tree(tokens, parents, scores, forwards=1)
