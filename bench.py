@@ -25,7 +25,8 @@ from benchmarks.llamacpp import LLAMACPP, LlamaCpp, binary, missing_reason
 from benchmarks.prompts import DEFAULT_PROMPTS, chat_ids, count_by_category, load_prompts
 from benchmarks.report import machine_description, markdown, plot, print_tables, results_page, summarize, write_json
 from benchmarks.runner import REFERENCE, Checkpoint, CheckpointMismatch, Encoder, RunSettings, run_benchmark
-from sampling.registry import NEEDS_DRAFTER, NEEDS_HEAD, STRATEGIES, build_strategy
+from sampling.registry import build_strategy
+from sampling.settings import NEEDS_DRAFTER, NEEDS_HEAD, STRATEGIES
 from utils.caching import CachedModel
 from utils.calibration import pair_key, tune
 from utils.flags import (

@@ -12,7 +12,7 @@ from sampling.drafters.medusa import MedusaDrafter
 from sampling.drafters.model import ModelDrafter
 from sampling.drafters.ngram import NGramDrafter
 from sampling.drafters.prompt_lookup import PromptLookupDrafter
-from sampling.settings import NEEDS_DRAFTER, NEEDS_HEAD, STRATEGIES, StrategySettings  # noqa: F401 (re-exported)
+from sampling.settings import NEEDS_DRAFTER, NEEDS_HEAD, STRATEGIES, StrategySettings
 from sampling.speculative import Speculative
 from utils.caching import CachedModel
 from utils.heads import DraftHead

@@ -16,7 +16,7 @@ from benchmarks.hf_baselines import build_hf_baselines, quantized_drafter, sampl
 from benchmarks.report import plot, summarize
 from benchmarks.runner import first_difference
 from sampling.base import DecodeConfig
-from sampling.registry import STRATEGIES
+from sampling.settings import STRATEGIES
 from tests.helpers import save_random_heads, save_tiny_pair
 from utils.loading import load_model
 from utils.logits_processor import make_processor

@@ -18,7 +18,7 @@ from chat.app import ChatApp
 from chat.commands import Command, Outcome, build_commands, dispatch, parse_processor
 from chat.session import ChatSession, ChatSettings, ModelInfo
 from chat.turn import Turn
-from sampling.registry import STRATEGIES
+from sampling.settings import STRATEGIES
 from tests.helpers import load_tiny_pair
 from utils.logits_processor import GreedyProcessor, NucleusProcessor, TopKNucleusProcessor, TopKProcessor
 

@@ -6,7 +6,8 @@ import torch
 
 from sampling.autoregressive import Autoregressive
 from sampling.base import DecodeConfig
-from sampling.registry import STRATEGIES, build_strategy
+from sampling.registry import build_strategy
+from sampling.settings import STRATEGIES
 from tests.helpers import random_heads, tiny_model
 from utils.caching import CachedModel
 from utils.logits_processor import TopKNucleusProcessor

@@ -11,7 +11,7 @@ from sampling.base import DecodeConfig
 from sampling.drafters.model import ModelDrafter
 from sampling.drafters.ngram import NGramDrafter
 from sampling.drafters.prompt_lookup import PromptLookupDrafter
-from sampling.registry import StrategySettings
+from sampling.settings import StrategySettings
 from sampling.speculative import Speculative
 from tests.helpers import tiny_model
 from utils.caching import CachedModel

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 import infer
-from sampling.registry import STRATEGIES
+from sampling.settings import STRATEGIES
 from tests.helpers import save_random_heads, save_tiny_pair
 from utils.flags import model_choice
 

@@ -9,7 +9,8 @@ from sampling.base import DecodeConfig
 from sampling.drafters.base import Draft
 from sampling.drafters.lookahead import LookaheadDrafter
 from sampling.drafters.ngram import NGramStore
-from sampling.registry import STRATEGIES, StrategySettings, build_strategy
+from sampling.registry import build_strategy
+from sampling.settings import STRATEGIES, StrategySettings
 from sampling.speculative import Speculative
 from sampling.verify import accept_stochastic, accept_tree_greedy, accept_tree_stochastic
 from tests.distribution import FALSE_ALARM, chi_square_test, exact_sequence_distribution

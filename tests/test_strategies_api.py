@@ -7,7 +7,8 @@ from sampling.base import DecodeConfig, Round, Stats, clip
 from sampling.drafters.base import Draft
 from sampling.drafters.ngram import NGramDrafter, NGramStore
 from sampling.drafters.prompt_lookup import PromptLookupDrafter
-from sampling.registry import STRATEGIES, StrategySettings, build_strategy
+from sampling.registry import build_strategy
+from sampling.settings import STRATEGIES, StrategySettings
 from sampling.speculative import Speculative
 from tests.helpers import random_heads
 from utils.caching import CachedModel
