@@ -29,6 +29,7 @@ from sampling.registry import build_strategy
 from sampling.settings import NEEDS_DRAFTER, NEEDS_HEAD, STRATEGIES
 from utils.caching import CachedModel
 from utils.calibration import pair_key, tune
+from utils.checks import SettingError, integer
 from utils.flags import (
     FlagError,
     ModelChoice,
@@ -98,10 +99,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def _validate(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     """The benchmark's own flags; the decoding and model flags are checked by the settings they build."""
-    if args.limit is not None and args.limit < 1:
-        p.error(f"--limit must be >= 1, got {args.limit}")
-    if args.threads is not None and args.threads < 1:
-        p.error(f"--threads must be >= 1, got {args.threads}")
+    for flag, value in (("--limit", args.limit), ("--threads", args.threads)):
+        try:
+            if value is not None:
+                integer(flag, value, 1)
+        except SettingError as error:
+            p.error(str(error))
     if args.resume and not args.out:
         p.error("--resume needs --out: the directory of the run to continue")
     if args.strategies:

@@ -11,7 +11,7 @@ The paper writes T_target(gamma + 1) = T_target(1) and c = T_draft / T_target(1)
 
 from __future__ import annotations
 
-import math
+from utils.checks import integer, number
 
 
 def expected_tokens(alpha: float, gamma: int) -> float:
@@ -25,23 +25,20 @@ def expected_tokens(alpha: float, gamma: int) -> float:
 def speedup_bound(alpha: float, gamma: int, t_target_1: float, t_target_verify: float, t_draft: float) -> float:
     """Expected speedup over one-token-per-forward decoding, from the measured forward times (seconds)."""
     _check(alpha, gamma)
-    if not t_target_1 > 0 or not t_target_verify > 0:
-        raise ValueError(f"target forward times must be > 0, got {t_target_1} and {t_target_verify}")
-    if not t_draft >= 0:
-        raise ValueError(f"the draft forward time must be >= 0, got {t_draft}")
+    number("t_target_1", t_target_1, 0, low_open=True)
+    number("t_target_verify", t_target_verify, 0, low_open=True)
+    number("t_draft", t_draft, 0)
     return expected_tokens(alpha, gamma) * t_target_1 / (gamma * t_draft + t_target_verify)
 
 
 def alpha_from_counts(accepted: int, tested: int) -> float | None:
     """The per-token acceptance probability from counts: `tested` drafts were compared with the target (the accepted
     ones and the first rejected one of each round), `accepted` of them passed. None when nothing was tested."""
-    if tested < 0 or not 0 <= accepted <= tested:
-        raise ValueError(f"need 0 <= accepted <= tested, got accepted={accepted}, tested={tested}")
+    tested = integer("tested", tested, 0)
+    integer("accepted", accepted, 0, tested)
     return accepted / tested if tested else None
 
 
 def _check(alpha: float, gamma: int) -> None:
-    if not (isinstance(alpha, (int, float)) and math.isfinite(alpha) and 0.0 <= alpha <= 1.0):
-        raise ValueError(f"alpha must be a probability in [0, 1], got {alpha}")
-    if int(gamma) != gamma or gamma < 0:
-        raise ValueError(f"gamma must be an integer >= 0, got {gamma}")
+    number("alpha", alpha, 0, 1)
+    integer("gamma", gamma, 0)  # 0: plain decoding (the settings' gamma is a draft length, at least 1)

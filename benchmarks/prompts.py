@@ -7,6 +7,8 @@ from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
+from utils.checks import integer
+
 DEFAULT_PROMPTS = Path(__file__).with_name("prompts.jsonl")
 
 
@@ -33,8 +35,7 @@ def load_prompts(path: Path | str = DEFAULT_PROMPTS, categories: list[str] | Non
             raise ValueError(f"no prompts of categories {', '.join(unknown)} in {path}; it has {known}")
         prompts = [p for p in prompts if p.category in categories]
     if limit is not None:
-        if limit < 1:
-            raise ValueError(f"limit must be >= 1, got {limit}")
+        limit = integer("limit", limit, 1)
         taken: Counter[str] = Counter()
         kept = []
         for p in prompts:

@@ -9,6 +9,7 @@ import torch
 from transformers import DynamicCache
 
 from sampling.base import Clock, DecodeConfig, Round, Strategy, check_prompt
+from sampling.settings import check
 from utils.caching import CachedModel, select_rows
 
 
@@ -34,15 +35,10 @@ class BeamSearch(Strategy):
 
     def __init__(self, model, num_beams: int = 4, top_k: int | None = None, alpha: float = 1.0,
                  min_length: int = 0, name: str = "beam"):
-        if int(num_beams) != num_beams or num_beams < 1:
-            raise ValueError(f"num_beams must be an integer >= 1, got {num_beams}")
-        top_k = 2 * num_beams if top_k is None else top_k
-        if int(top_k) != top_k or top_k < 1:
-            raise ValueError(f"beam top_k must be an integer >= 1, got {top_k}")
-        if min_length < 0:
-            raise ValueError(f"min_length must be >= 0, got {min_length}")
-        self.model, self.num_beams, self.top_k, self.alpha = model, int(num_beams), int(top_k), float(alpha)
-        self.min_length, self.name = int(min_length), name
+        num_beams = check("num_beams", num_beams)
+        top_k = 2 * num_beams if top_k is None else check("beam_top_k", top_k)
+        self.model, self.num_beams, self.top_k = model, num_beams, top_k
+        self.alpha, self.min_length, self.name = check("length_penalty", alpha), check("min_length", min_length), name
         self.device = next(model.parameters()).device
 
     @property

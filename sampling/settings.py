@@ -7,7 +7,9 @@ translate its `SettingError` into their own words. docs/defaults.md has the meas
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 from utils.checks import choice, integer, number, switch
 
@@ -68,30 +70,43 @@ class StrategySettings:
     min_length: int = 0
 
     def __post_init__(self):
-        integer("gamma", self.gamma, 1)
-        number("draft_confidence", self.draft_confidence, 0, 1, high_open=True)
-        switch("draft_adaptive", self.draft_adaptive)
-        number("draft_cumulative", self.draft_cumulative, 0, 1, high_open=True)
-        integer("draft_alternatives", self.draft_alternatives, 0, 8)
-        integer("verify_width", self.verify_width, 2, 64)  # the last committed token and at least one draft
-        integer("copy_gamma", self.copy_gamma, 1)
-        integer("auto_min_match", self.auto_min_match, 1, 16)
-        integer("ngram_n", self.ngram_n, 2, 16)
-        choice("ngram_kind", self.ngram_kind, STORE_KINDS)
-        integer("ngram_filler_top_k", self.ngram_filler_top_k, 0, 64)
-        switch("ngram_reset_each_prompt", self.ngram_reset_each_prompt)
-        integer("lookup_max_ngram", self.lookup_max_ngram, 1, 16)
+        for name, bounds in BOUNDS.items():
+            bounds(name, getattr(self, name))
         integer("lookup_min_ngram", self.lookup_min_ngram, 1, self.lookup_max_ngram)
-        integer("lookahead_window", self.lookahead_window, 2, 16)  # row 0 is the last token and at least one guess
-        integer("lookahead_ngram", self.lookahead_ngram, 2, 8)
-        integer("lookahead_candidates", self.lookahead_candidates, 0, 16)  # 0: the Jacobi window's guesses alone
-        integer("head_branch", self.head_branch, 1, 16)
-        number("head_cumulative", self.head_cumulative, 0, 1, high_open=True)
-        switch("typical", self.typical)
-        number("typical_threshold", self.typical_threshold, 0, 1)
-        number("typical_alpha", self.typical_alpha, 0, 1)
-        integer("num_beams", self.num_beams, 1, 64)
-        if self.beam_top_k is not None:
-            integer("beam_top_k", self.beam_top_k, 1)
-        number("length_penalty", self.length_penalty, -math.inf, math.inf)
-        integer("min_length", self.min_length, 0)
+
+
+# Each setting's bounds, written once: StrategySettings checks them all, and a strategy's or a drafter's constructor
+# checks what it is given with `check`, so both refuse the same values in the same words.
+BOUNDS: dict[str, Callable[[str, Any], Any]] = {
+    "gamma": lambda s, v: integer(s, v, 1),
+    "draft_confidence": lambda s, v: number(s, v, 0, 1, high_open=True),
+    "draft_adaptive": switch,
+    "draft_cumulative": lambda s, v: number(s, v, 0, 1, high_open=True),
+    "draft_alternatives": lambda s, v: integer(s, v, 0, 8),
+    "verify_width": lambda s, v: integer(s, v, 2, 64),  # the last committed token and at least one draft
+    "copy_gamma": lambda s, v: integer(s, v, 1),
+    "auto_min_match": lambda s, v: integer(s, v, 1, 16),
+    "ngram_n": lambda s, v: integer(s, v, 2, 16),
+    "ngram_kind": lambda s, v: choice(s, v, STORE_KINDS),
+    "ngram_filler_top_k": lambda s, v: integer(s, v, 0, 64),
+    "ngram_reset_each_prompt": switch,
+    "lookup_max_ngram": lambda s, v: integer(s, v, 1, 16),
+    "lookup_min_ngram": lambda s, v: integer(s, v, 1, 16),  # and at most lookup_max_ngram
+    "lookahead_window": lambda s, v: integer(s, v, 2, 16),  # row 0 is the last token and at least one guess
+    "lookahead_ngram": lambda s, v: integer(s, v, 2, 8),
+    "lookahead_candidates": lambda s, v: integer(s, v, 0, 16),  # 0: the Jacobi window's guesses alone
+    "head_branch": lambda s, v: integer(s, v, 1, 16),
+    "head_cumulative": lambda s, v: number(s, v, 0, 1, high_open=True),
+    "typical": switch,
+    "typical_threshold": lambda s, v: number(s, v, 0, 1),
+    "typical_alpha": lambda s, v: number(s, v, 0, 1),
+    "num_beams": lambda s, v: integer(s, v, 1, 64),
+    "beam_top_k": lambda s, v: None if v is None else integer(s, v, 1),
+    "length_penalty": lambda s, v: number(s, v, -math.inf, math.inf),
+    "min_length": lambda s, v: integer(s, v, 0),
+}
+
+
+def check(setting: str, value: Any) -> Any:
+    """`value` as the int or float `setting` takes, if it is within that setting's bounds; else a SettingError."""
+    return BOUNDS[setting](setting, value)

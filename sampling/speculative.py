@@ -9,6 +9,7 @@ from torch import Tensor
 
 from sampling.base import Clock, DecodeConfig, Round, Strategy, check_prompt, clip
 from sampling.drafters.base import Draft, Drafter
+from sampling.settings import check
 from sampling.verify import (
     accept_greedy,
     accept_stochastic,
@@ -25,9 +26,7 @@ class Speculative(Strategy):
                  typical: tuple[float, float] | None = None):
         """`typical`: (threshold, alpha) for Medusa's typical acceptance when sampling, which does NOT keep the
         target's distribution (an explicit opt-in; `lossless` says so); None: the lossless rules."""
-        if int(gamma) != gamma or gamma < 1:
-            raise ValueError(f"gamma (draft length) must be an integer >= 1, got {gamma}")
-        self.target, self.drafter, self.gamma, self.name = target, drafter, int(gamma), name
+        self.target, self.drafter, self.gamma, self.name = target, drafter, check("gamma", gamma), name
         self.typical = typical
 
     @property

@@ -131,7 +131,7 @@ def test_a_capped_tree_keeps_the_chain_and_the_alternatives_likeliest_to_commit(
 
 def test_the_tree_cap_is_checked(target_model):
     for bad in (0, 2.5):
-        with pytest.raises(ValueError, match="tree's size"):
+        with pytest.raises(ValueError, match="max_tree must be an integer >= 1"):
             ModelDrafter(CachedModel(target_model), 97, alternatives=1, max_tree=bad)
 
 

@@ -4,7 +4,10 @@ every registered strategy streams rounds that add up to its result."""
 import pytest
 
 from sampling.base import DecodeConfig, Round, Stats, clip
+from sampling.beam_search import BeamSearch
 from sampling.drafters.base import Draft
+from sampling.drafters.lookahead import LookaheadDrafter
+from sampling.drafters.model import ModelDrafter
 from sampling.drafters.ngram import NGramDrafter, NGramStore
 from sampling.drafters.prompt_lookup import PromptLookupDrafter
 from sampling.registry import build_strategy
@@ -181,6 +184,34 @@ def test_every_strategy_setting_is_checked_where_it_is_defined(setting, value):
         StrategySettings(**{setting: value})
     assert error.value.setting == setting and str(error.value).startswith(f"{setting} must be ")
     assert "\n" not in str(error.value)
+
+
+CONSTRUCTOR_BOUNDS = [
+    ("gamma", 0, lambda lm: Speculative(lm, NGramDrafter(), 0)),
+    ("lookahead_window", 17, lambda lm: LookaheadDrafter(window=17)),
+    ("lookahead_ngram", 9, lambda lm: LookaheadDrafter(ngram=9)),
+    ("lookahead_candidates", 17, lambda lm: LookaheadDrafter(candidates=17)),
+    ("ngram_n", 17, lambda lm: NGramDrafter(17)),
+    ("ngram_kind", "fancy", lambda lm: NGramDrafter(3, "fancy")),
+    ("ngram_filler_top_k", 65, lambda lm: NGramDrafter(filler_top_k=65)),
+    ("draft_confidence", 1.0, lambda lm: ModelDrafter(lm, 97, confidence=1.0)),
+    ("draft_cumulative", -0.1, lambda lm: ModelDrafter(lm, 97, cumulative=-0.1)),
+    ("draft_alternatives", 9, lambda lm: ModelDrafter(lm, 97, alternatives=9)),
+    ("num_beams", 65, lambda lm: BeamSearch(lm.model, num_beams=65)),
+    ("beam_top_k", 0, lambda lm: BeamSearch(lm.model, top_k=0)),
+    ("min_length", -1, lambda lm: BeamSearch(lm.model, min_length=-1)),
+]
+
+
+@pytest.mark.parametrize("setting, value, build", CONSTRUCTOR_BOUNDS, ids=[c[0] for c in CONSTRUCTOR_BOUNDS])
+def test_a_constructor_refuses_what_the_settings_refuse_in_the_same_words(target_model, setting, value, build):
+    """Bug: the drafters and strategies kept their own bounds and wording (a window of 17 passed the drafter, not
+    the settings; an alternatives count had no cap)."""
+    with pytest.raises(SettingError) as by_settings:
+        StrategySettings(**{setting: value})
+    with pytest.raises(SettingError) as by_constructor:
+        build(CachedModel(target_model))
+    assert str(by_constructor.value) == str(by_settings.value)
 
 
 def test_every_default_setting_passes_its_own_check():

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 import torch
 from torch import Tensor
 
+from utils.checks import integer
 from utils.logits_processor import LogitsProcessor
 
 if TYPE_CHECKING:
@@ -108,9 +109,8 @@ def trie(chains: Iterable[list[int]], limit: int | None = None) -> tuple[list[in
 
 def check_tree_size(max_tree: int | None) -> int | None:
     """A drafter's cap on its draft's tokens (None: no cap)."""
-    if max_tree is not None and (int(max_tree) != max_tree or max_tree < 1):
-        raise ValueError(f"the draft tree's size must be an integer >= 1, got {max_tree}")
-    return max_tree
+    # The tree a verify forward takes besides the last committed token: verify_width - 1 (the settings bound that).
+    return None if max_tree is None else integer("max_tree", max_tree, 1)
 
 
 class Drafter(ABC):

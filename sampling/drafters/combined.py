@@ -8,6 +8,7 @@ from torch import Tensor
 from sampling.drafters.base import Draft, Drafter
 from sampling.drafters.model import ModelDrafter
 from sampling.drafters.prompt_lookup import PromptLookupDrafter
+from sampling.settings import check
 from utils.caching import CachedModel
 from utils.logits_processor import LogitsProcessor
 
@@ -19,9 +20,8 @@ class CombinedDrafter(Drafter):
     name = "auto"
 
     def __init__(self, lookup: PromptLookupDrafter, model: ModelDrafter, model_gamma: int = 4, min_copy: int = 2):
-        if int(model_gamma) != model_gamma or model_gamma < 1:
-            raise ValueError(f"the draft model's gamma must be an integer >= 1, got {model_gamma}")
-        self.lookup, self.model, self.model_gamma, self.min_copy = lookup, model, int(model_gamma), min_copy
+        self.lookup, self.model, self.model_gamma = lookup, model, check("gamma", model_gamma)
+        self.min_copy = min_copy
         self.copied = 0  # rounds drafted by lookup
         self.last: Drafter = model
 

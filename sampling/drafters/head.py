@@ -16,15 +16,14 @@ import torch
 from torch import Tensor
 
 from sampling.drafters.base import Draft, Drafter, check_tree_size
+from sampling.settings import check
 from utils.caching import CachedModel, common_prefix_length
 from utils.heads import DraftHead
 
 
 class HeadDrafter(Drafter):
     def __init__(self, target: CachedModel, head: DraftHead, branch: int = 4, max_tree: int | None = None):
-        if int(branch) != branch or branch < 1:
-            raise ValueError(f"a head's branches per node must be an integer >= 1, got {branch}")
-        self.target, self.head, self.branch = target, head, int(branch)
+        self.target, self.head, self.branch = target, head, check("head_branch", branch)
         self.max_tree = check_tree_size(max_tree)
         target.keep_hidden()
 

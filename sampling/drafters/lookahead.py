@@ -29,6 +29,7 @@ from torch import Tensor
 
 from sampling.drafters.base import Draft, trie
 from sampling.drafters.ngram import NGramDrafter
+from sampling.settings import check
 from utils.logits_processor import LogitsProcessor
 
 
@@ -50,11 +51,10 @@ class LookaheadDrafter(NGramDrafter):
     name = "lookahead"
 
     def __init__(self, window: int = 2, ngram: int = 3, candidates: int = 1, reset_each_prompt: bool = True):
-        for label, value, low in (("window size", window, 2), ("n-gram size", ngram, 2), ("candidates", candidates, 0)):
-            if int(value) != value or value < low:
-                raise ValueError(f"lookahead {label} must be an integer >= {low}, got {value}")
+        window, ngram = check("lookahead_window", window), check("lookahead_ngram", ngram)
+        candidates = check("lookahead_candidates", candidates)
         super().__init__(ngram, "basic", reset_each_prompt=reset_each_prompt)
-        self.window, self.ngram, self.num_candidates = int(window), int(ngram), int(candidates)
+        self.window, self.ngram, self.num_candidates = window, ngram, candidates
         self.rows: list[list[int]] = []
         self.draft: Draft | None = None  # the last one proposed
         self.top_nodes: list[int] | None = None  # its nodes of the window's top row (None: no window drafted)

@@ -6,6 +6,7 @@ import torch
 from torch import Tensor
 
 from sampling.drafters.base import Draft, Drafter, check_tree_size
+from sampling.settings import check
 from utils.caching import CachedModel
 from utils.logits_processor import LogitsProcessor
 
@@ -36,17 +37,13 @@ class ModelDrafter(Drafter):
 
     def __init__(self, lm: CachedModel, vocab_size: int, confidence: float = 0.0, adaptive: bool = False,
                  alternatives: int = 0, cumulative: float = 0.0, max_tree: int | None = None):
-        if not 0 <= confidence < 1:
-            raise ValueError(f"draft confidence threshold must be in [0, 1), got {confidence}")
-        if not 0 <= cumulative < 1:
-            raise ValueError(f"draft cumulative-confidence threshold must be in [0, 1), got {cumulative}")
-        if int(alternatives) != alternatives or alternatives < 0:
-            raise ValueError(f"draft alternatives must be an integer >= 0, got {alternatives}")
+        confidence, cumulative = check("draft_confidence", confidence), check("draft_cumulative", cumulative)
+        alternatives = check("draft_alternatives", alternatives)
         self.lm = lm
         # The target's output size: drafter logits are cut or padded to it (embedding sizes differ by padding;
         # that both share one tokenizer is checked when the pair is loaded).
         self.vocab_size = vocab_size
-        self.confidence, self.adaptive, self.alternatives = confidence, adaptive, int(alternatives)
+        self.confidence, self.adaptive, self.alternatives = confidence, adaptive, alternatives
         self.cumulative, self.max_tree = cumulative, check_tree_size(max_tree)
         self.draft_length: int | None = None  # the adaptive schedule's current length
         self.proposed = 0

@@ -13,7 +13,7 @@ import torch
 from torch import Tensor
 
 from sampling.drafters.base import Draft, Drafter
-from sampling.settings import STORE_KINDS
+from sampling.settings import check
 from utils.logits_processor import LogitsProcessor
 
 FILLER_WEIGHT = 0.25  # a target prediction counts less than a token that was actually committed
@@ -23,11 +23,8 @@ class NGramStore:
     """`kind="basic"`: every order from n-1 down to 1 with back-off; `"one-level"`: only contexts of n-1 tokens."""
 
     def __init__(self, n: int = 3, kind: str = "basic"):
-        if int(n) != n or n < 2:
-            raise ValueError(f"n-gram size must be an integer >= 2, got {n}")
-        if kind not in STORE_KINDS:
-            raise ValueError(f"n-gram store kind must be one of {', '.join(STORE_KINDS)}, got {kind!r}")
-        self.n, self.kind = int(n), kind
+        check("ngram_kind", kind)
+        self.n, self.kind = check("ngram_n", n), kind
         self.orders = list(range(self.n - 1, 0, -1)) if kind == "basic" else [self.n - 1]
         self.counts: dict[tuple[int, ...], dict[int, float]] = defaultdict(lambda: defaultdict(float))
 
@@ -93,10 +90,9 @@ class NGramDrafter(Drafter):
     name = "ngram"
 
     def __init__(self, n: int = 3, kind: str = "basic", filler_top_k: int = 0, reset_each_prompt: bool = True):
-        if int(filler_top_k) != filler_top_k or filler_top_k < 0:
-            raise ValueError(f"filler top-k must be an integer >= 0, got {filler_top_k}")
+        filler_top_k = check("ngram_filler_top_k", filler_top_k)
         self.store = NGramStore(n, kind)
-        self.filler_top_k, self.reset_each_prompt = int(filler_top_k), reset_each_prompt
+        self.filler_top_k, self.reset_each_prompt = filler_top_k, reset_each_prompt
         self.seen = 0  # committed tokens already added to the store
 
     def start(self, prompt_ids: list[int]) -> None:
