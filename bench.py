@@ -7,28 +7,36 @@
 Writes results.json (every raw measurement + the machine), summary.md and plot.png under --out, prints tables.
 """
 
+# ruff: noqa: E402 (the entry point comes before the imports that take time, so that it handles a Ctrl-C in them)
 from __future__ import annotations
+
+import sys
+
+INTERRUPTED_EXIT = 130
+
+if __name__ == "__main__":
+    # The script imports itself as a module under this handler: a Ctrl-C while the imports load (seconds, on a cold
+    # start) or during the run ends it with one line, not a traceback (infer.py does the same).
+    try:
+        import bench
+
+        sys.exit(bench.main())
+    except KeyboardInterrupt:
+        sys.stderr.write("interrupted\n")
+        sys.exit(INTERRUPTED_EXIT)
 
 import argparse
 import datetime
 import shlex
-import sys
 from dataclasses import asdict, replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import torch
-
-from benchmarks.contestants import OurStrategy
-from benchmarks.costs import measure_costs
-from benchmarks.hf_baselines import HF_BASELINES, build_hf_baselines, sampling_kwargs, sklearn_available
-from benchmarks.llamacpp import LLAMACPP, LlamaCpp, binary, missing_reason
-from benchmarks.prompts import DEFAULT_PROMPTS, chat_ids, count_by_category, load_prompts
-from benchmarks.report import machine_description, markdown, plot, print_tables, results_page, summarize, write_json
-from benchmarks.runner import REFERENCE, Checkpoint, CheckpointMismatch, Encoder, RunSettings, run_benchmark
-from sampling.registry import build_strategy
+# Only what the flags need: torch and transformers are imported once the flags are checked (main), so that a bad flag
+# is refused at once, not after seconds of imports.
+from benchmarks.names import HF_BASELINES, LLAMACPP, REFERENCE
+from benchmarks.prompts import DEFAULT_PROMPTS
 from sampling.settings import NEEDS_DRAFTER, NEEDS_HEAD, STRATEGIES
-from utils.caching import CachedModel
-from utils.calibration import pair_key, tune
 from utils.checks import SettingError, integer
 from utils.flags import (
     FlagError,
@@ -39,11 +47,12 @@ from utils.flags import (
     decoding,
     model_choice,
 )
-from utils.heads import load_heads
-from utils.loading import LoadedPair, load_model, load_pair
-from utils.model_cache import embedded_gguf
-from utils.prepack import is_prepacked
 from utils.presets import EMBEDDED, ModelLoadError, default_cache_dir, resolve_preset
+
+if TYPE_CHECKING:
+    from benchmarks.llamacpp import LlamaCpp
+    from utils.caching import CachedModel
+    from utils.loading import LoadedPair
 
 NOT_BY_DEFAULT = ("drafter", "beam")  # not speculative methods: measured only when asked for
 UNIVERSAL_DRAFTER = "smollm2-135m"
@@ -155,6 +164,11 @@ def timing_context(prompts, encode, max_new_tokens: int, limit: int) -> list[int
 
 def llamacpp_contestant(name: str, pair: LoadedPair, args: argparse.Namespace) -> tuple[LlamaCpp | None, str | None]:
     """llama.cpp on the GGUF files the embedded pair comes from (None and why where it cannot run)."""
+    import torch
+
+    from benchmarks.llamacpp import LlamaCpp, binary, missing_reason
+    from utils.model_cache import embedded_gguf
+
     cache_dir = args.cache_dir or default_cache_dir()
     reason = missing_reason(cache_dir, name)
     if reason is not None:
@@ -176,9 +190,26 @@ def llamacpp_contestant(name: str, pair: LoadedPair, args: argparse.Namespace) -
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if args.results_page:
+        from benchmarks.report import results_page
+
         RESULTS_PAGE.write_text(results_page(RESULTS_DIR), encoding="utf-8")
         print(f"wrote {RESULTS_PAGE} from {len(list(RESULTS_DIR.glob('*/results.json')))} runs", file=sys.stderr)
         return 0
+    import torch
+
+    from benchmarks.contestants import OurStrategy
+    from benchmarks.costs import measure_costs
+    from benchmarks.hf_baselines import build_hf_baselines, sampling_kwargs, sklearn_available
+    from benchmarks.prompts import chat_ids, count_by_category, load_prompts
+    from benchmarks.report import machine_description, markdown, plot, print_tables, summarize, write_json
+    from benchmarks.runner import Checkpoint, CheckpointMismatch, Encoder, RunSettings, run_benchmark
+    from sampling.registry import build_strategy
+    from utils.caching import CachedModel
+    from utils.calibration import pair_key, tune
+    from utils.heads import load_heads
+    from utils.loading import load_model, load_pair
+    from utils.prepack import is_prepacked
+
     if args.threads:
         torch.set_num_threads(args.threads)
     if args.decoding.ignored:

@@ -19,7 +19,6 @@ from pathlib import Path
 from benchmarks.contestants import Contestant
 from sampling.base import DecodeConfig, Result, Stats
 
-LLAMACPP = ("llamacpp", "llamacpp_speculative")
 REQUIREMENTS = Path(__file__).resolve().parent.parent / "requirements-llamacpp.txt"
 BINARIES = {"llamacpp": "llama-completion", "llamacpp_speculative": "llama-speculative-simple"}
 CONTEXT = 4096

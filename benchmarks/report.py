@@ -17,7 +17,7 @@ import torch
 
 from benchmarks.analytic import alpha_from_counts, speedup_bound
 from benchmarks.costs import ForwardCosts
-from benchmarks.runner import REFERENCE
+from benchmarks.names import REFERENCE
 from sampling.base import DRAFT_COUNTS, Stats
 from utils.devices import cpu_model
 

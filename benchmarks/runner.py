@@ -23,10 +23,9 @@ from pathlib import Path
 from tqdm import tqdm
 
 from benchmarks.contestants import Contestant
+from benchmarks.names import REFERENCE
 from benchmarks.prompts import Prompt
 from sampling.base import DecodeConfig, Result
-
-REFERENCE = "autoregressive"
 
 
 @dataclass(frozen=True)
