@@ -22,6 +22,7 @@ from sampling.base import DRAFT_COUNTS, Stats
 from utils.devices import cpu_model
 
 HF_REFERENCE = "hf_generate"
+REPO = Path(__file__).resolve().parent.parent
 ALL = "all"
 
 
@@ -195,6 +196,13 @@ def _md_table(header: list[str], rows: list[list[str]]) -> str:
     return "\n".join(lines)
 
 
+def shown_path(path: str) -> str:
+    """A recorded path as a page shows it: relative to the repository where it lies inside it (results.json records
+    the absolute path in the checkout that ran), as recorded elsewhere."""
+    recorded = Path(path)
+    return recorded.relative_to(REPO).as_posix() if recorded.is_relative_to(REPO) else path
+
+
 def markdown(report: dict) -> str:
     m, c, summary = report["machine"], report["config"], report["summary"]
     costs = report["costs"]
@@ -206,8 +214,8 @@ def markdown(report: dict) -> str:
         f"Measured {m['date']} on {m['cpu']} ({m['device']}, {m['torch_threads']} torch threads, {m['dtype']}), "
         f"torch {m['torch']}, transformers {m['transformers']}.",
         f"Target `{c['target']}`, drafter `{c['drafter']}`{compiled}; {c['max_new_tokens']} new tokens at most, gamma "
-        f"{c['gamma']}, {c['decoding']}; prompts `{c['prompts']}` ({counts}; every turn of multi-turn prompts "
-        "measured).",
+        f"{c['gamma']}, {c['decoding']}; prompts `{shown_path(c['prompts'])}` ({counts}; every turn of multi-turn "
+        "prompts measured).",
         "",
         f"Regenerate with: `{report['command']}`",
         "",

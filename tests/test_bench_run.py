@@ -335,3 +335,13 @@ def test_the_results_page_shows_each_committed_run_with_a_link_to_its_data(quick
     assert page.index("## newer") < page.index("## older")  # newest first
     assert "[results/newer/results.json](results/newer/results.json)" in page and "| speculative |" in page
     assert "No run is committed yet." in results_page(tmp_path / "nothing")
+
+
+def test_the_results_page_shows_recorded_paths_relative_to_the_repository():
+    """Bug: RESULTS.md showed the prompts as /work/main/benchmarks/prompts.jsonl, the checkout that ran them."""
+    from benchmarks.report import REPO, shown_path
+
+    assert shown_path(str(REPO / "benchmarks" / "prompts.jsonl")) == "benchmarks/prompts.jsonl"
+    assert shown_path("/elsewhere/prompts.jsonl") == "/elsewhere/prompts.jsonl"  # outside it: as recorded
+    assert shown_path("mine.jsonl") == "mine.jsonl"
+    assert str(REPO / "benchmarks") not in (REPO / "benchmarks" / "RESULTS.md").read_text(encoding="utf-8")
