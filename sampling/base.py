@@ -98,6 +98,10 @@ class Stats:
                    **{**dict.fromkeys(DRAFT_COUNTS), **counts})
 
     def add(self, r: Round) -> None:
+        if (self.drafted is None or self.accepted is None or self.tested is None or self.drafted_by_position is None
+                or self.accepted_by_position is None or self.target_forwards is None or self.drafter_forwards is None):
+            raise ValueError("add() counts a strategy's rounds; these stats were measured elsewhere, their draft "
+                             "counts unknown (None)")
         if self.rounds == 0:
             self.time_to_first_token = r.elapsed
         self.rounds += 1
@@ -135,7 +139,7 @@ class Stats:
 
     @property
     def acceptance_rate(self) -> float:
-        return self.accepted / self.drafted if self.drafted else 0.0
+        return self.accepted / self.drafted if self.drafted and self.accepted is not None else 0.0
 
     @property
     def mean_tokens_per_round(self) -> float:

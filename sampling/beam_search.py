@@ -74,8 +74,8 @@ class BeamSearch(Strategy):
             is_end = torch.isin(cand_tokens, ends) & torch.isfinite(cand_scores)
             # Candidates that end a sequence and rank among the first num_beams become finished hypotheses.
             for i in is_end[: self.num_beams].nonzero().flatten().tolist():
-                tokens = beams[cand_rows[i]].tolist() + [int(cand_tokens[i])]
-                finished.append(Hypothesis(tokens, float(cand_scores[i]), float(cand_scores[i]) / self._lp(t)))
+                sequence = beams[cand_rows[i]].tolist() + [int(cand_tokens[i])]
+                finished.append(Hypothesis(sequence, float(cand_scores[i]), float(cand_scores[i]) / self._lp(t)))
             alive = (~is_end & torch.isfinite(cand_scores)).nonzero().flatten()[: self.num_beams]
             if len(alive) == 0 or self._done(finished, float(cand_scores[alive[0]]), t):
                 break

@@ -41,11 +41,13 @@ def build_strategy(name: str, target: CachedModel, drafter: CachedModel | None,
     if name == "autoregressive":
         return Autoregressive(target)
     if name == "drafter":
+        assert drafter is not None  # NEEDS_DRAFTER: checked above
         return Autoregressive(drafter, name="drafter")
     if name == "beam":
         return BeamSearch(target.model, s.num_beams, s.beam_top_k, s.length_penalty, s.min_length)
 
-    def model_drafter():
+    def model_drafter() -> ModelDrafter:
+        assert drafter is not None  # NEEDS_DRAFTER: checked above
         return ModelDrafter(drafter, target.vocab_size, s.draft_confidence, s.draft_adaptive, s.draft_alternatives,
                             s.draft_cumulative, s.verify_width - 1)
 

@@ -9,10 +9,13 @@ from __future__ import annotations
 
 import contextlib
 import time
+from collections.abc import Callable
+from typing import Any, cast
 
 import torch
 from torch import Tensor
 from transformers import DynamicCache
+from transformers.cache_utils import CacheLayerMixin
 
 from utils.prepack import is_prepacked
 
@@ -28,7 +31,7 @@ def crop(cache: DynamicCache, length: int) -> None:
 
 def select_rows(cache: DynamicCache, rows: Tensor) -> None:
     """Keep/reorder batch rows (beams) in place: row i becomes old row rows[i]."""
-    cache.reorder_cache(rows)
+    cache.reorder_cache(cast(torch.LongTensor, rows))  # transformers annotates the legacy tensor type
 
 
 def tree_attention(parents: list[int]) -> tuple[Tensor, Tensor]:
@@ -75,7 +78,7 @@ class CachedModel:
 
     def __init__(self, model, prefill_model=None, prefill_from: int = 8):
         self.model, self.prefill_model, self.prefill_from = model, prefill_model, prefill_from
-        self.step_model = None
+        self.step_model: Callable[..., Any] | None = None
         self.cache = DynamicCache(config=model.config)
         self.tokens: list[int] = []
         self.forwards = 0
@@ -130,7 +133,8 @@ class CachedModel:
         input_ids = torch.tensor([ids], dtype=torch.long, device=self.device)
         try:
             prefill = self.prefill_model is not None and len(ids) >= self.prefill_from
-            model = self.step_model if step else self.prefill_model if prefill else self.model
+            model = self.step_model if step and self.step_model is not None else (
+                self.prefill_model if prefill else self.model)
             if self.prefill_model is not None:  # two dtypes may share this cache
                 self._cache_in((self.prefill_model if prefill else self.model).dtype)
             with torch.inference_mode() if step else contextlib.nullcontext():  # the graph was compiled for it
@@ -160,7 +164,8 @@ class CachedModel:
         """The cached keys and values in `dtype`: a prefill model may compute in another dtype than the decoding one
         (float32 prefill, int4 weights with bfloat16 activations for the steps on a CPU without native bf16)."""
         for layer in self.cache.layers:  # no public Cache API casts; the same per-layer keys and values as `keep`
-            if getattr(layer, "keys", None) is not None and layer.keys.dtype != dtype:
+            if (isinstance(layer, CacheLayerMixin) and layer.keys is not None and layer.values is not None
+                    and layer.keys.dtype != dtype):
                 layer.keys, layer.values = layer.keys.to(dtype), layer.values.to(dtype)
 
     def compile_step(self, workers: int | None = None) -> float:
@@ -238,7 +243,8 @@ class CachedModel:
             src = torch.tensor(rows[moved:], device=self.device)
             dst = slice(length + moved, length + len(rows))
             for layer in self.cache.layers:  # no public Cache API moves positions; full-attention layers only
-                if layer.is_sliding:
+                if (not isinstance(layer, CacheLayerMixin) or getattr(layer, "is_sliding", False)
+                        or layer.keys is None or layer.values is None):
                     raise NotImplementedError("moving cached rows needs full-attention cache layers")
                 layer.keys[..., dst, :] = layer.keys[..., src, :]
                 layer.values[..., dst, :] = layer.values[..., src, :]

@@ -177,7 +177,7 @@ def choose(calibration: Calibration, base: StrategySettings = StrategySettings()
     c = calibration.draft_cost
     step_cost = c if c is not None else 0.0
     rate = {g: expected_tokens(g) / (calibration.verify_cost(g + 1) + g * step_cost) for g in range(1, MAX_GAMMA + 1)}
-    gamma = max(rate, key=rate.get)
+    gamma = max(rate, key=rate.__getitem__)
     chain_cost = calibration.verify_cost(gamma + 1)
     widths = [n for n in range(gamma + 1, max(calibration.target_ms) + 1)
               if calibration.verify_cost(n) <= chain_cost * TREE_SLACK]

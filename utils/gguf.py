@@ -96,7 +96,7 @@ def _is_installed(distribution: str) -> bool:
 def _data_file(distribution: str) -> Path:
     dist = importlib.metadata.distribution(distribution)
     data = [file for file in dist.files or () if file.suffix in (".bin", ".gguf")]
-    paths = [Path(dist.locate_file(file)) for file in data]
+    paths = [Path(str(dist.locate_file(file))) for file in data]
     if len(paths) != 1 or not paths[0].is_file():
         raise ModelLoadError(
             f"The wheel {distribution} should hold exactly one data file (.bin or .gguf) but has "

@@ -88,14 +88,14 @@ class HeadCache:
         return 0 if self.keys is None else self.keys.shape[-2]
 
     def append(self, keys: Tensor, values: Tensor) -> tuple[Tensor, Tensor]:
-        if self.keys is None:
+        if self.keys is None or self.values is None:  # both or neither
             self.keys, self.values = keys, values
         else:
             self.keys, self.values = torch.cat([self.keys, keys], -2), torch.cat([self.values, values], -2)
         return self.keys, self.values
 
     def crop(self, length: int) -> None:
-        if self.keys is not None:
+        if self.keys is not None and self.values is not None:
             self.keys, self.values = self.keys[..., :length, :], self.values[..., :length, :]
 
 
@@ -243,7 +243,7 @@ def compact(head: DraftHead, weights: str) -> DraftHead:
     if weights not in ("int8", "int4"):
         raise ValueError(f"head weights are int8 or int4, not {weights!r}")
 
-    def low_bit(linear: nn.Module) -> nn.Module:
+    def low_bit(linear: nn.Linear) -> nn.Module:
         linear = linear.to(torch.bfloat16)
         return Int4Linear(linear) if weights == "int4" and fits(linear) else Int8Linear(linear, torch.bfloat16)
 

@@ -26,6 +26,9 @@ def fits(linear: nn.Linear) -> bool:
 class Int4Linear(nn.Module):
     """`linear` with 4-bit weights; activations and output keep its dtype (bfloat16: the kernel's only one)."""
 
+    packed: Tensor  # buffers (register_buffer)
+    scale_zero: Tensor
+
     def __init__(self, linear: nn.Linear):
         super().__init__()
         if not fits(linear):

@@ -16,6 +16,9 @@ from utils.layers import replace_layers
 class Int8Linear(nn.Module):
     """`linear` with int8 weights and a scale per output feature; activations and output keep their dtype."""
 
+    codes: Tensor  # buffers (register_buffer)
+    scale: Tensor
+
     def __init__(self, linear: nn.Linear, dtype: torch.dtype | None = None):
         super().__init__()
         weight = linear.weight.detach()

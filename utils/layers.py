@@ -3,18 +3,21 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import TypeVar
 
 from torch import nn
 
+Layer = TypeVar("Layer", bound=nn.Module)
 
-def replace_layers(model: nn.Module, kind: type[nn.Module],
-                   make: Callable[[nn.Module], nn.Module | None]) -> tuple[int, list[str]]:
+
+def replace_layers(model: nn.Module, kind: type[Layer],
+                   make: Callable[[Layer], nn.Module | None]) -> tuple[int, list[str]]:
     """Replace, in place, every submodule of exactly type `kind` by `make(layer)`, or keep it where `make` returns
     None; how many were replaced, and the names of those kept."""
     replaced, kept = 0, []
     for parent_name, parent in list(model.named_modules()):
         for name, child in list(parent.named_children()):
-            if type(child) is not kind:
+            if type(child) is not kind or not isinstance(child, kind):  # exactly `kind` (isinstance: for the checker)
                 continue
             new = make(child)
             if new is None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import functools
 import os
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -79,12 +80,12 @@ def load_model(
     with _transformers_progress(progress):
         source = _resolve_source(spec, cache_root, progress, verify)
         model, tokenizer = _from_pretrained(spec, source, torch_dtype, trust_remote_code)
-    model.to(torch_device)
+    model.to(torch_device)  # type: ignore[arg-type]  # transformers' decorator on `to` hides its signature
     model.eval()
     dense = None
     if quantize != "none":
         # the dense copy prefills in the machine's dtype: without native bf16, a bf16 prefill is several times slower
-        dense = copy.deepcopy(model).to(compute_dtype) if keep_dense else None
+        dense = copy.deepcopy(model).to(compute_dtype) if keep_dense else None  # type: ignore[arg-type]  # as above
         quantize_weights(model, quantize)
     for weights in (model, dense) if quantize == "none" else (dense,):
         if weights is not None and torch_dtype == torch.float32 and torch_device.type == "cpu" and prepack_available():
@@ -201,18 +202,12 @@ def load_pair(
     """Load a target and an optional drafter on one device and dtype; their vocabularies must match.
 
     A quantized drafter keeps its dense weights too (`drafter.dense`): prompts are prefilled with them."""
-    shared = {
-        "device": device,
-        "dtype": dtype,
-        "trust_remote_code": trust_remote_code,
-        "cache_dir": cache_dir,
-        "verify": verify,
-        "progress": progress,
-    }
-    loaded_target = load_model(target, quantize=target_quantize, **shared)
+    load = functools.partial(load_model, device=device, dtype=dtype, trust_remote_code=trust_remote_code,
+                             cache_dir=cache_dir, verify=verify, progress=progress)
+    loaded_target = load(target, quantize=target_quantize)
     loaded_drafter = None
     if drafter is not None:
-        loaded_drafter = load_model(drafter, quantize=drafter_quantize, keep_dense=True, **shared)
+        loaded_drafter = load(drafter, quantize=drafter_quantize, keep_dense=True)
         check_same_vocab(loaded_target.tokenizer, loaded_drafter.tokenizer)
     end_ids = end_token_ids(loaded_target.tokenizer, loaded_target.model.generation_config)
     return LoadedPair(target=loaded_target, drafter=loaded_drafter, end_ids=end_ids)

@@ -164,9 +164,12 @@ def make_processor(temperature: float = 0.0, top_k: int | None = None, top_p: fl
                    min_p: float | None = None) -> LogitsProcessor:
     """The processor that HF-style flags describe: temperature 0 means greedy. Every value given is checked, also
     those the chosen processor does not use (greedy ignores the filters; min-p replaces top-k and top-p)."""
-    for value, check in ((top_k, check_top_k), (top_p, check_top_p), (min_p, check_min_p)):
-        if value is not None:
-            check(value)
+    if top_k is not None:
+        check_top_k(top_k)
+    if top_p is not None:
+        check_top_p(top_p)
+    if min_p is not None:
+        check_min_p(min_p)
     if temperature == 0:
         return GreedyProcessor()
     if min_p is not None:

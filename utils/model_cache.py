@@ -158,7 +158,7 @@ def convert_gguf(gguf_path: Path, dest: Path) -> None:
 
 def _drop_gguf_quantizer(model: PreTrainedModel) -> None:
     # why: the weights are already dense, but the attached GGUF quantizer makes save_pretrained refuse.
-    model.hf_quantizer = None
+    model.hf_quantizer = None  # type: ignore[assignment]  # transformers sets it without declaring it
     if hasattr(model.config, "quantization_config"):
         del model.config.quantization_config
     packed = [name for name, param in model.named_parameters() if not param.is_floating_point()]

@@ -25,6 +25,8 @@ def available() -> bool:
 class PackedLinear(nn.Module):
     """`linear` with its float32 weight in oneDNN's blocked layout; inputs and output stay float32."""
 
+    packed: Tensor  # a buffer (register_buffer)
+
     def __init__(self, linear: nn.Linear, rows: int = PACK_ROWS):
         super().__init__()
         weight = linear.weight.detach()
@@ -67,7 +69,7 @@ def prepack(model: nn.Module) -> int:
     if not available():
         raise ValueError("this torch build has no oneDNN (mkldnn): float32 weights cannot be prepacked")
 
-    def packed(linear: nn.Module) -> PackedLinear | None:
+    def packed(linear: nn.Linear) -> PackedLinear | None:
         weight = linear.weight
         return PackedLinear(linear) if weight.dtype == torch.float32 and weight.device.type == "cpu" else None
 

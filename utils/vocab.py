@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 from transformers import GenerationConfig, PreTrainedTokenizerBase
 
 from utils.presets import ModelLoadError
@@ -33,7 +35,7 @@ def end_token_ids(tokenizer: PreTrainedTokenizerBase, generation_config: Generat
     return tuple(sorted(eos_ids | turn_ids))
 
 
-def _as_ids(value: object) -> list[int]:
+def _as_ids(value: int | Iterable[int] | None) -> list[int]:
     if value is None:
         return []
     if isinstance(value, int):
@@ -45,12 +47,12 @@ def _end_of_turn_ids(tokenizer: PreTrainedTokenizerBase) -> list[int]:
     template = tokenizer.chat_template or ""
     if isinstance(template, dict):  # named templates
         template = "\n".join(template.values())
-    ids = []
+    ids: list[int] = []
     for token in END_OF_TURN_TOKENS:
         if token not in template:
             continue
         token_id = tokenizer.convert_tokens_to_ids(token)
         # why: an unknown token maps to the unk id (or None), which must not be taken for it
-        if token_id is not None and tokenizer.convert_ids_to_tokens(token_id) == token:
+        if isinstance(token_id, int) and tokenizer.convert_ids_to_tokens(token_id) == token:
             ids.append(token_id)
     return ids

@@ -91,7 +91,9 @@ class Draft:
 def trie(chains: Iterable[list[int]], limit: int | None = None) -> tuple[list[int], list[int]]:
     """Token chains after the root merged into a tree where they share a prefix: (tokens, parents), nodes in the
     order the chains come; at most `limit` nodes (the chains that do not fit are cut there)."""
-    tokens, parents, child = [], [], {}
+    tokens: list[int] = []
+    parents: list[int] = []
+    child: dict[tuple[int, int], int] = {}
     for chain in chains:
         if len(tokens) == limit:
             break
@@ -115,7 +117,11 @@ def check_tree_size(max_tree: int | None) -> int | None:
 
 class Drafter(ABC):
     name: str
-    max_length: int = 1 << 31  # the longest context the drafter can take
+
+    @property
+    def max_length(self) -> int:
+        """The longest context the drafter can take (a model drafter: its model's)."""
+        return 1 << 31
 
     @property
     def models(self) -> list[CachedModel]:

@@ -51,7 +51,9 @@ class EagleDrafter(HeadDrafter):
         out = self._run(features[reuse:], ids[reuse + 1:], torch.arange(reuse, n - 1), mask)
         self.fed = ids[1:]
         # 2. Grow the tree depth by depth from the last position's predicted feature.
-        tokens, parents, scores = [], [], []
+        tokens: list[int] = []
+        parents: list[int] = []
+        scores: list[float] = []
         forwards = 1
         frontier = self._children(out[-1:], torch.zeros(1, dtype=torch.float64), [-1], tokens, parents, scores)
         columns: dict[int, int] = {}  # a fed node's column in the head's cache

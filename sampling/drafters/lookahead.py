@@ -86,10 +86,11 @@ class LookaheadDrafter(NGramDrafter):
         super().feedback(ids, accepted, target_logits)  # the committed tokens go into the pool
         if self.top_nodes is None:
             return
-        rows = [self.draft.row(node) for node in self.top_nodes]
-        best = iter(target_logits[[row for row in rows if row is not None]].argmax(-1).tolist())
+        assert self.draft is not None  # proposed with its top_nodes
+        logit_rows = [self.draft.row(node) for node in self.top_nodes]
+        best = iter(target_logits[[row for row in logit_rows if row is not None]].argmax(-1).tolist())
         # (W,) one Jacobi step; a column the loop cut (no room left in the context) gets a filler instead
-        new = [next(best) if row is not None else self._filler() for row in rows]
+        new = [next(best) if row is not None else self._filler() for row in logit_rows]
         rows = self.rows + [new]
         if len(rows) > self.ngram - 1:  # a full window: each column with its new token is an N-gram
             for j in range(self.window):

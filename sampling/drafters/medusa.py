@@ -30,7 +30,9 @@ class MedusaDrafter(HeadDrafter):
             return Draft([])
         outputs = self.head.module(features[-1:])[: k]
         own = self.head.config.own_lm_head
-        tokens, parents, scores = [], [], []
+        tokens: list[int] = []
+        parents: list[int] = []
+        scores: list[float] = []
         frontier = [(-1, 0.0)]
         for out in outputs:  # depth by depth: every kept node of the last depth times this head's best tokens
             logp = (out.float() if own else self.head.logits(out))[0].log_softmax(-1)

@@ -72,7 +72,8 @@ class NGramStore:
     def continuations(self, context: list[int], k: int, count: int) -> list[list[int]]:
         """Up to `count` different chains of up to `k` tokens: a beam search over the store, each chain scored by the
         product of its tokens' frequencies among their followers. `count=1` gives `chain(context, k)`."""
-        context, beams = list(context[-(self.n - 1):]), [(1.0, [])]
+        context = list(context[-(self.n - 1):])
+        beams: list[tuple[float, list[int]]] = [(1.0, [])]
         for _ in range(k):
             grown = []
             for score, chain in beams:
