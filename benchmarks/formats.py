@@ -4,7 +4,8 @@ accuracy gate against the dequantized GGUF in float32 (docs/formats.md has a run
     python -m benchmarks.formats timing [FORMAT ...]
     python -m benchmarks.formats accuracy [FORMAT ...]
 
-Formats: float32, float32-prepacked, bfloat16, int8, int4 (the low-bit ones with bfloat16 activations). The accuracy
+Formats: float32, float32-prepacked, bfloat16, int8, int4 (the low-bit ones with bfloat16 activations), q4k (the
+GGUF's own Q4_K tensors on the int4 kernel, bfloat16 activations there, the rest float32 prepacked). The accuracy
 text is the first 1,025 tokens of the project's prompt set, in order; the reference is read from the GGUF file the
 embedded wheels carry (assembled into the cache dir once).
 """
@@ -20,6 +21,7 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from benchmarks.prompts import DEFAULT_PROMPTS
+from utils import q4k
 from utils.accuracy import Agreement, next_token_logits, perplexity
 from utils.caching import CachedModel
 from utils.calibration import time_forward
@@ -31,7 +33,7 @@ from utils.prepack import prepack
 from utils.presets import EMBEDDED, default_cache_dir
 
 TARGET = "qwen2.5-coder-1.5b"
-FORMATS = ("float32", "float32-prepacked", "bfloat16", "int8", "int4")
+FORMATS = ("float32", "float32-prepacked", "bfloat16", "int8", "int4", "q4k")
 TEXT_TOKENS = 1025
 WIDTHS = (1, 2, 4, 8, 14)
 
@@ -54,6 +56,10 @@ def build(base, name: str):
         to_int8(model)
     elif name == "int4":
         to_int4(model)
+    elif name == "q4k":
+        model = model.float()
+        q4k.apply(model, embedded_gguf(EMBEDDED[TARGET], default_cache_dir()))
+        prepack(model)
     elif name != "bfloat16":
         raise SystemExit(f"unknown format {name!r}; choose from {', '.join(FORMATS)}")
     return model.eval()

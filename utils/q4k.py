@@ -1,0 +1,98 @@
+"""A model's Q4_K weights exactly as its GGUF file holds them, on torch's packed int4 CPU kernel.
+
+Q4_K stores each row in 32-weight groups, each weight `scale * q - min` with a 4-bit q: the kernel's own groupwise
+form (`(q - 8) * scale + zero`), so the GGUF's weights go in unchanged but for the scales' bfloat16 rounding. The
+layer's input is rounded to bfloat16 (the kernel's activations) and its output comes back in the model's dtype, so
+the rest of a float32 model (residual stream, norms, attention) stays float32.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch import Tensor, nn
+
+from utils.layers import linear_weight
+
+GROUP = 32  # Q4_K's sub-block: the weights that share a scale and a min
+BLOCK = 256  # weights per Q4_K block: fp16 d, fp16 dmin, 12 bytes of 6-bit scales and mins, 128 bytes of codes
+BLOCK_BYTES = 144
+INNER_K_TILES = 2
+_MODULES = {"attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj",
+            "attn_output": "self_attn.o_proj", "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj",
+            "ffn_down": "mlp.down_proj"}
+
+
+def groups(raw: np.ndarray, rows: int, cols: int) -> tuple[Tensor, Tensor, Tensor]:
+    """Codes (rows, cols) int32 in 0..15, scale and min (rows, cols / 32) float32 of a Q4_K tensor's bytes, so that
+    weight = scale * code - min, group by group."""
+    from gguf.quants import Q4_K
+
+    blocks = np.ascontiguousarray(raw, dtype=np.uint8).reshape(-1, BLOCK_BYTES)
+    d = blocks[:, 0:2].copy().view(np.float16).astype(np.float32)
+    dmin = blocks[:, 2:4].copy().view(np.float16).astype(np.float32)
+    sc, m = Q4_K.get_scale_min(blocks[:, 4:16].copy())
+    qs = blocks[:, 16:].reshape(-1, 4, 1, 32) >> np.array([0, 4], dtype=np.uint8).reshape(1, 1, 2, 1)
+    codes = (qs & 0x0F).reshape(rows, cols).astype(np.int32)  # sub-blocks in order: each 32 bytes' low, then high
+    scale = (d * sc.astype(np.float32)).reshape(rows, cols // GROUP)
+    low = (dmin * m.astype(np.float32)).reshape(rows, cols // GROUP)
+    return torch.from_numpy(codes), torch.from_numpy(scale), torch.from_numpy(low)
+
+
+class Q4KLinear(nn.Module):
+    """A linear layer with a GGUF tensor's Q4_K weights; float32 (or any dtype) in and out, bfloat16 in the kernel."""
+
+    packed: Tensor
+    scale_zero: Tensor
+
+    def __init__(self, codes: Tensor, scale: Tensor, low: Tensor, bias: Tensor | None):
+        super().__init__()
+        self.out_features, self.in_features = codes.shape
+        self.register_buffer("packed", torch._convert_weight_to_int4pack_for_cpu(codes, INNER_K_TILES))
+        zero = 8 * scale - low  # (code - 8) * scale + zero == scale * code - low
+        self.register_buffer("scale_zero", torch.stack([scale, zero], -1).transpose(0, 1).contiguous()
+                             .to(torch.bfloat16))
+        self.bias = None if bias is None else nn.Parameter(bias.detach().float(), requires_grad=False)
+
+    def forward(self, x: Tensor) -> Tensor:
+        flat = x.reshape(-1, self.in_features).to(torch.bfloat16)
+        out = torch._weight_int4pack_mm_for_cpu(flat, self.packed, GROUP, self.scale_zero).to(x.dtype)
+        out = out.reshape(*x.shape[:-1], self.out_features)
+        return out if self.bias is None else out + self.bias.to(x.dtype)
+
+    def dequantized(self) -> Tensor:
+        """The weights the kernel multiplies by, (out, in)."""
+        eye = torch.eye(self.in_features, dtype=torch.bfloat16)
+        return torch._weight_int4pack_mm_for_cpu(eye, self.packed, GROUP, self.scale_zero).T
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}"
+
+
+def apply(model: nn.Module, gguf_file: str | Path) -> list[str]:
+    """Replace, in place, each of a Qwen2/Llama-layout model's decoder linears that the GGUF stores in Q4_K by a
+    `Q4KLinear` of the file's own weights (checked against the model's: the file must be the one it was loaded
+    from); the names replaced."""
+    from gguf import GGUFReader
+
+    layers = {}
+    for tensor in GGUFReader(str(gguf_file)).tensors:
+        match = re.fullmatch(r"blk\.(\d+)\.(\w+)\.weight", tensor.name)
+        if tensor.tensor_type.name != "Q4_K" or not match or match[2] not in _MODULES:
+            continue
+        name = f"model.layers.{match[1]}.{_MODULES[match[2]]}"
+        layer = model.get_submodule(name)
+        cols, rows = (int(n) for n in tensor.shape)
+        codes, scale, low = groups(np.asarray(tensor.data), rows, cols)
+        weight = (codes.view(rows, -1, GROUP) * scale[..., None] - low[..., None]).view(rows, cols)
+        expected = linear_weight(layer).float()
+        if expected.shape != (rows, cols) or not torch.allclose(weight, expected, rtol=1 / 128, atol=1e-6):
+            raise ValueError(f"{tensor.name} in {gguf_file} does not hold the weights of the model's {name}")
+        layers[name] = Q4KLinear(codes, scale, low, getattr(layer, "bias", None))
+    for name, new in layers.items():  # only once every layer matched: a refused file changes nothing
+        parent, _, child = name.rpartition(".")
+        setattr(model.get_submodule(parent), child, new)
+    return list(layers)
