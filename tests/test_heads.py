@@ -87,6 +87,53 @@ def test_the_targets_features_stay_those_of_its_cached_tokens_through_rollback(t
         torch.testing.assert_close(target.hidden, fresh, rtol=1e-9, atol=1e-9)
 
 
+def reference_eagle_tree(head, features, ids, depth, branch, max_tree):
+    """EAGLE-2's tree, each node's feature recomputed by a plain causal pass over the committed positions and the
+    node's own path (no head cache, no tree mask): (token ids, parents) of the `max_tree` best paths."""
+    def predict(path):  # path: (input feature, draft index) from depth 1 to a node; the node's predicted feature
+        feats = torch.cat([features] + [f[None] for f, _ in path])
+        tokens = torch.tensor(ids[1:] + head.token_ids(torch.tensor([t for _, t in path], dtype=torch.long)).tolist())
+        return head.module(feats[None], head.embeds(tokens)[None], torch.arange(len(tokens)))[0, -1]
+
+    tokens, parents, scores, paths = [], [], [], []
+
+    def children(out, score, parent, path):
+        top = head.logits(out).log_softmax(-1).double().topk(branch)
+        for value, index in zip(top.values.tolist(), top.indices.tolist(), strict=True):
+            tokens.append(index), parents.append(parent), scores.append(score + value)
+            paths.append(path + [(out, index)])
+        return list(range(len(tokens) - branch, len(tokens)))
+
+    frontier = children(predict([]), 0.0, -1, [])
+    for _ in range(2, depth + 1):
+        expand = sorted(frontier, key=lambda i: -scores[i])[:branch]
+        frontier = [child for node in expand for child in children(predict(paths[node]), scores[node], node,
+                                                                    paths[node])]
+    kept = sorted(sorted(range(len(tokens)), key=lambda i: (-scores[i], i))[:max_tree])
+    new = {old: i for i, old in enumerate(kept)}
+    return (head.token_ids(torch.tensor([tokens[i] for i in kept])).tolist(),
+            [new[parents[i]] if parents[i] >= 0 else -1 for i in kept])
+
+
+def test_an_eagle_tree_drafts_what_a_plain_causal_pass_over_each_path_gives(trained, target64):
+    """The head's cache and per-depth tree mask let each node see the committed positions and its own ancestors,
+    no sibling or cousin: its tree equals one built by recomputing every path from scratch."""
+    head = load_head(trained[1]["eagle"], target64, torch.float64)
+    ids = PROMPTS[1] + [11, 30, 6]
+    with torch.no_grad():
+        hidden = target64(input_ids=torch.tensor([ids]), output_hidden_states=True).hidden_states[-1][0]
+    stored = train_head.StoredFeatures(ids, hidden)
+    stored.at(len(ids))
+    drafter = EagleDrafter(stored, head, 3, 9)
+    for n in (len(ids) - 3, len(ids)):  # a second draft reuses the head's cache of the first
+        stored.at(n)
+        draft = drafter.propose(ids[:n], 4, GreedyProcessor(), None)
+        expected_tokens, expected_parents = reference_eagle_tree(head, hidden[: n - 1], ids[:n], 4, 3, 9)
+        assert draft.tokens == expected_tokens
+        assert (draft.parents or list(range(-1, len(draft) - 1))) == expected_parents
+        assert len(set(expected_parents)) > 2  # a real tree: several nodes have children
+
+
 def test_training_reports_held_out_tokens_per_step_and_beats_an_untrained_head(trained):
     for kind, floor in (("eagle", 1.5), ("medusa", 1.05)):
         meta = json.loads((trained[1][kind] / "head.json").read_text())

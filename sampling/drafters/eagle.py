@@ -9,7 +9,7 @@ from torch import Tensor
 
 from sampling.drafters.base import Draft
 from sampling.drafters.head import HeadDrafter
-from utils.caching import CachedModel, common_prefix_length
+from utils.caching import CachedModel, common_prefix_length, tree_attention
 from utils.heads import DraftHead, HeadCache
 from utils.logits_processor import LogitsProcessor
 
@@ -65,13 +65,9 @@ class EagleDrafter(HeadDrafter):
             base = len(self.cache)
             mask = torch.zeros(len(expand), base + len(expand), dtype=torch.bool, device=features.device)
             mask[:, : n - 1] = True
-            for row, node in enumerate(expand):
-                columns[node] = base + row
-                ancestor = node
-                while ancestor >= 0:
-                    if ancestor in columns:
-                        mask[row, columns[ancestor]] = True
-                    ancestor = parents[ancestor]
+            columns.update({node: base + row for row, node in enumerate(expand)})
+            fed = list(columns)  # each row sees the fed nodes on its path: itself and its ancestors
+            mask[:, [columns[node] for node in fed]] = tree_attention(parents)[0][expand][:, fed]
             feats = torch.stack([inputs[node] for node in expand])
             positions = torch.full((len(expand),), n - 2 + depth - 1, dtype=torch.long)
             out = self._run(feats, head.token_ids(torch.tensor([tokens[i] for i in expand])).tolist(), positions, mask)
