@@ -8,6 +8,7 @@ from __future__ import annotations
 import copy
 from pathlib import Path
 
+import numpy as np
 import torch
 from tokenizers import ByteLevelBPETokenizer, Tokenizer
 from tokenizers.models import WordLevel
@@ -143,3 +144,46 @@ def save_random_heads(target_dir: Path) -> list[str]:
         save_head(Path(target_dir).parent / f"head-{kind}", head.config, head.module, None, {"held_out": {}})
         dirs.append(str(Path(target_dir).parent / f"head-{kind}"))
     return dirs
+
+
+def random_q4k(rows: int, cols: int, seed: int) -> np.ndarray:
+    """Q4_K bytes, (rows, cols / 256 * 144): random codes, 6-bit scales and mins, small fp16 block scales."""
+    from utils import q4k
+
+    rng = np.random.default_rng(seed)
+    blocks = rng.integers(0, 256, (rows * cols // q4k.BLOCK, q4k.BLOCK_BYTES), dtype=np.uint8)
+    blocks[:, 0:2] = rng.uniform(1e-4, 1e-3, (len(blocks), 1)).astype(np.float16).view(np.uint8)
+    blocks[:, 2:4] = rng.uniform(1e-4, 1e-3, (len(blocks), 1)).astype(np.float16).view(np.uint8)
+    return blocks.reshape(rows, -1)
+
+
+def q4k_weight(raw: np.ndarray, rows: int, cols: int) -> torch.Tensor:
+    from utils import q4k
+
+    codes, scale, low = q4k.groups(raw, rows, cols)
+    return (codes.view(rows, -1, q4k.GROUP) * scale[..., None] - low[..., None]).view(rows, cols)
+
+
+def write_q4k_gguf(path, model, corrupt: str | None = None) -> None:
+    """Every decoder linear of `model` as random Q4_K in a GGUF file (tensors only), the model's weights set to
+    them; the tensor named `corrupt` gets other weights than the model's."""
+    from gguf import GGMLQuantizationType, GGUFWriter
+
+    from utils import q4k
+
+    writer = GGUFWriter(str(path), arch="llama")
+    names = {v: k for k, v in q4k.MODULES.items()}
+    for index, layer in enumerate(model.model.layers):
+        for position, (module_name, gguf_name) in enumerate(names.items()):
+            linear = layer.get_submodule(module_name)
+            rows, cols = linear.weight.shape
+            raw = random_q4k(rows, cols, seed=10 * index + position)
+            with torch.no_grad():
+                linear.weight.copy_(q4k_weight(raw, rows, cols))
+            name = f"blk.{index}.{gguf_name}.weight"
+            writer.add_tensor(name, random_q4k(rows, cols, seed=99) if name == corrupt else raw,
+                              raw_dtype=GGMLQuantizationType.Q4_K)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()

@@ -7,6 +7,7 @@ the real SmolLM2-135M GGUF from its wheel once per session (about 25 s) and then
 
 import hashlib
 import json
+import shutil
 import socket
 from pathlib import Path
 from types import SimpleNamespace
@@ -15,7 +16,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from tests.helpers import WORD_CHAT_TEMPLATE, save_tiny_checkpoint, word_tokenizer
+from tests.helpers import WORD_CHAT_TEMPLATE, save_tiny_checkpoint, word_tokenizer, write_q4k_gguf
 from utils import devices, gguf, model_cache
 from utils.devices import cpuinfo_has_bf16, resolve_device, resolve_dtype
 from utils.errors import REASON_CHARS, one_line
@@ -24,6 +25,7 @@ from utils.loading import LoadedModel, load_model, load_pair
 from utils.model_cache import CacheLayout, is_complete
 from utils.prepack import PackedLinear
 from utils.presets import EMBEDDED, PRESETS, EmbeddedModel, ModelLoadError, Preset, default_cache_dir, resolve_preset
+from utils.q4k import Q4KLinear
 from utils.quantize import resolve_quantize
 from utils.vocab import check_same_vocab, end_token_ids
 
@@ -671,3 +673,44 @@ def test_a_bad_native_bf16_override_is_refused(monkeypatch):
     monkeypatch.setenv(devices.NATIVE_BF16_ENV, "yes")
     with pytest.raises(ModelLoadError, match="must be 0 or 1"):
         devices.cpu_supports_bf16()
+
+
+def q4k_gguf(tmp_path: Path, monkeypatch) -> tuple[Path, Path]:
+    """A .gguf spec holding a tiny model's decoder linears in Q4_K, converted (faked) into that very model: the path
+    and a saved directory of the same model."""
+    directory = save_tiny_checkpoint(tmp_path / "tiny", hidden=256, intermediate=512)
+    model = AutoModelForCausalLM.from_pretrained(directory)
+    gguf_path = tmp_path / "my-model.gguf"
+    write_q4k_gguf(gguf_path, model)
+    model.save_pretrained(directory)  # with the file's weights
+    monkeypatch.setattr(model_cache, "convert_gguf",
+                        lambda path, dest: shutil.copytree(directory, dest, dirs_exist_ok=True))
+    return gguf_path, directory
+
+
+def test_q4k_runs_the_gguf_files_own_q4k_weights_and_keeps_the_rest_float32(tmp_path, monkeypatch):
+    gguf_path, directory = q4k_gguf(tmp_path, monkeypatch)
+    cache = tmp_path / "cache"
+    loaded = load_model(str(gguf_path), device="cpu", quantize="q4k", cache_dir=cache, progress=False)
+    reference = load_model(str(gguf_path), device="cpu", dtype="float32", cache_dir=cache, progress=False)
+
+    layers = [m for m in loaded.model.modules() if isinstance(m, Q4KLinear)]
+    assert len(layers) == 2 * 7 and loaded.quantize == "q4k"
+    assert next(loaded.model.parameters()).dtype == torch.float32
+    assert "Q4_K" in loaded.format and "float32" in loaded.format
+    ids = torch.tensor([[3, 8, 1, 9, 4]])
+    with torch.inference_mode():
+        got, expected = loaded.model(ids).logits, reference.model(ids).logits
+    assert (got - expected).abs().max() <= 2e-2 * expected.abs().max()
+    assert torch.equal(got.argmax(-1), expected.argmax(-1))
+
+
+def test_q4k_needs_a_gguf_file_and_a_cpu(tmp_path, monkeypatch):
+    gguf_path, directory = q4k_gguf(tmp_path, monkeypatch)
+    with pytest.raises(ModelLoadError, match="Q4_K tensors of the model's GGUF file.*directory model"):
+        load_model(str(directory), device="cpu", quantize="q4k", progress=False)
+    with pytest.raises(ModelLoadError, match="Fix: add --dtype float32"):
+        load_model(str(gguf_path), device="cpu", dtype="bfloat16", quantize="q4k", cache_dir=tmp_path / "c",
+                   progress=False)
+    with pytest.raises(ModelLoadError, match="not on cuda"):
+        resolve_quantize("q4k", torch.float32, torch.device("cuda"))

@@ -16,10 +16,11 @@ from safetensors import SafetensorError
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 from transformers.utils import logging as hf_logging
 
+from utils import q4k
 from utils.devices import resolve_device, resolve_dtype
 from utils.errors import one_line
 from utils.gguf import pip_install_command
-from utils.model_cache import embedded_hf_dir, gguf_file_hf_dir
+from utils.model_cache import embedded_gguf, embedded_hf_dir, gguf_file_hf_dir
 from utils.prepack import available as prepack_available
 from utils.prepack import is_prepacked, prepack
 from utils.presets import EMBEDDED, ModelLoadError, default_cache_dir
@@ -33,7 +34,7 @@ class LoadedModel:
     tokenizer: PreTrainedTokenizerBase
     name: str
     source: str  # the directory the weights were read from, or the Hub id
-    quantize: str = "none"  # what was applied: "none" | "int8" | "int4"
+    quantize: str = "none"  # what was applied: "none" | "int8" | "int4" | "q4k"
     dense: PreTrainedModel | None = None  # a quantized model's weights before quantizing, when asked for (prefill)
 
     @property
@@ -44,6 +45,9 @@ class LoadedModel:
     def format(self) -> str:
         """How the weights are held and computed: "int4 weights, bfloat16 activations", "float32, oneDNN-prepacked"."""
         dtype = str(next(self.model.parameters()).dtype).removeprefix("torch.")
+        if self.quantize == "q4k":
+            return ("the GGUF's Q4_K weights (int4 kernel, bfloat16 inside), the rest float32"
+                    + (", oneDNN-prepacked" if is_prepacked(self.model) else ""))
         if self.quantize != "none":
             return f"{self.quantize} weights, {dtype} activations"
         return dtype + (", oneDNN-prepacked" if is_prepacked(self.model) else "")
@@ -54,6 +58,7 @@ class _Source:
     kind: str  # "embedded" | "gguf" | "directory" | "hub"
     name: str
     location: str  # what from_pretrained is given
+    gguf: str | None = None  # the GGUF file it was converted from, for a .gguf spec
 
 
 def load_model(
@@ -83,15 +88,35 @@ def load_model(
     model.to(torch_device)  # type: ignore[arg-type]  # transformers' decorator on `to` hides its signature
     model.eval()
     dense = None
-    if quantize != "none":
+    if quantize == "q4k":
+        dense = copy.deepcopy(model) if keep_dense else None
+        _apply_q4k(model, spec, source, cache_root, progress)  # its other layers (Q6_K) are prepacked below
+    elif quantize != "none":
         # the dense copy prefills in the machine's dtype: without native bf16, a bf16 prefill is several times slower
         dense = copy.deepcopy(model).to(compute_dtype) if keep_dense else None  # type: ignore[arg-type]  # as above
         quantize_weights(model, quantize)
-    for weights in (model, dense) if quantize == "none" else (dense,):
+    for weights in (model, dense) if quantize in ("none", "q4k") else (dense,):
         if weights is not None and torch_dtype == torch.float32 and torch_device.type == "cpu" and prepack_available():
             prepack(weights)  # the same float32 weights, in oneDNN's layout: a verify of a few tokens costs about one
     return LoadedModel(model=model, tokenizer=tokenizer, name=source.name, source=source.location, quantize=quantize,
                        dense=dense)
+
+
+def _apply_q4k(model: PreTrainedModel, spec: str, source: _Source, cache_root: Path, progress: bool) -> None:
+    """The GGUF's own Q4_K tensors into `model`'s decoder linears (`utils.q4k`)."""
+    if source.kind == "embedded":
+        gguf = str(embedded_gguf(EMBEDDED[spec], cache_root, progress))
+    elif source.gguf is not None:
+        gguf = source.gguf
+    else:
+        raise ModelLoadError(f"q4k reads the Q4_K tensors of the model's GGUF file, and {spec!r} is a {source.kind} "
+                             f"model. Fix: load its .gguf file or an embedded model, or use int4.")
+    try:
+        replaced = q4k.apply(model, gguf)
+    except ValueError as error:
+        raise ModelLoadError(f"{error}. Fix: load the model from that GGUF file itself.") from None
+    if not replaced:
+        raise ModelLoadError(f"{gguf} holds no Q4_K decoder weights. Fix: use int4 for other GGUF types.")
 
 
 def _resolve_source(spec: str, cache_root: Path, progress: bool, verify: bool) -> _Source:
@@ -100,7 +125,8 @@ def _resolve_source(spec: str, cache_root: Path, progress: bool, verify: bool) -
         return _Source("embedded", spec, str(hf_dir))
     path = Path(spec).expanduser()
     if path.is_file() and path.suffix == ".gguf":
-        return _Source("gguf", path.stem, str(gguf_file_hf_dir(path.resolve(), cache_root, progress, verify)))
+        return _Source("gguf", path.stem, str(gguf_file_hf_dir(path.resolve(), cache_root, progress, verify)),
+                       str(path.resolve()))
     if path.is_dir():
         return _Source("directory", path.resolve().name, str(path.resolve()))
     if _looks_like_path(spec):

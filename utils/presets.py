@@ -7,7 +7,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-QUANTIZE_CHOICES = ("none", "int8", "int4", "auto")  # auto: the low-bit weights that pay off (resolve_quantize)
+QUANTIZE_CHOICES = ("none", "int8", "int4", "q4k", "auto")  # auto: the low-bit weights that pay off (resolve_quantize)
 
 
 class ModelLoadError(Exception):

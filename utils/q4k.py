@@ -21,7 +21,7 @@ GROUP = 32  # Q4_K's sub-block: the weights that share a scale and a min
 BLOCK = 256  # weights per Q4_K block: fp16 d, fp16 dmin, 12 bytes of 6-bit scales and mins, 128 bytes of codes
 BLOCK_BYTES = 144
 INNER_K_TILES = 2
-_MODULES = {"attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj",
+MODULES = {"attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj",
             "attn_output": "self_attn.o_proj", "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj",
             "ffn_down": "mlp.down_proj"}
 
@@ -81,9 +81,9 @@ def apply(model: nn.Module, gguf_file: str | Path) -> list[str]:
     layers = {}
     for tensor in GGUFReader(str(gguf_file)).tensors:
         match = re.fullmatch(r"blk\.(\d+)\.(\w+)\.weight", tensor.name)
-        if tensor.tensor_type.name != "Q4_K" or not match or match[2] not in _MODULES:
+        if tensor.tensor_type.name != "Q4_K" or not match or match[2] not in MODULES:
             continue
-        name = f"model.layers.{match[1]}.{_MODULES[match[2]]}"
+        name = f"model.layers.{match[1]}.{MODULES[match[2]]}"
         layer = model.get_submodule(name)
         cols, rows = (int(n) for n in tensor.shape)
         codes, scale, low = groups(np.asarray(tensor.data), rows, cols)
