@@ -32,6 +32,8 @@ WORD_CHAT_TEMPLATE = (
     "{% if add_generation_prompt %}<|im_start|>assistant{% endif %}"
 )
 
+REPO = Path(__file__).resolve().parent.parent  # the scripts' folder
+
 
 def tiny_model(vocab_size: int = 97, seed: int = 0, layers: int = 2, hidden: int = 32, dtype=torch.float64,
                max_positions: int = 512, intermediate: int | None = None, eos_token_id: int | None = None,
@@ -187,3 +189,36 @@ def write_q4k_gguf(path, model, corrupt: str | None = None) -> None:
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
     writer.close()
+
+
+def run_interrupted_while_importing(script: str, tmp_path: Path):
+    """`python script --help` with SIGINT raised in the process itself when its imports reach sampling.settings (a
+    sitecustomize module does it, so the signal lands there every time): the finished process."""
+    import os
+    import subprocess
+    import sys
+
+    (tmp_path / "sitecustomize.py").write_text(
+        "import signal, sys\n"
+        "class InterruptOnImport:\n"
+        "    def find_spec(self, name, path=None, target=None):\n"
+        "        if name == 'sampling.settings':\n"
+        "            sys.meta_path.remove(self)\n"
+        "            signal.raise_signal(signal.SIGINT)\n"
+        "        return None\n"
+        "sys.meta_path.insert(0, InterruptOnImport())\n")
+    env = {**os.environ, "PYTHONPATH": str(tmp_path)}
+    return subprocess.run([sys.executable, script, "--help"], cwd=REPO, env=env, capture_output=True, text=True,
+                          timeout=120)
+
+
+def heavy_modules_imported(script: str, argv: list[str]) -> list[str]:
+    """Which of torch and transformers `script`'s main(argv) imported before it returned or exited."""
+    import subprocess
+    import sys
+
+    code = (f"import sys, {script}\n"
+            f"try:\n    {script}.main(sys.argv[1:])\nexcept SystemExit:\n    pass\n"
+            "print('imported:', *[m for m in ('torch', 'transformers') if m in sys.modules])")
+    done = subprocess.run([sys.executable, "-c", code, *argv], cwd=REPO, capture_output=True, text=True, timeout=120)
+    return done.stdout.splitlines()[-1].split()[1:]

@@ -2,24 +2,14 @@
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 import bench
+from tests.helpers import heavy_modules_imported, run_interrupted_while_importing
 
 REPO = Path(__file__).resolve().parent.parent
-
-
-def imported_heavy_modules(argv: list[str]) -> list[str]:
-    code = ("import sys, bench\n"
-            "try:\n    bench.main(sys.argv[1:])\nexcept SystemExit:\n    pass\n"
-            "print('imported:', *[m for m in ('torch', 'transformers') if m in sys.modules])")
-    done = subprocess.run([sys.executable, "-c", code, *argv], cwd=REPO, capture_output=True, text=True, timeout=120)
-    return done.stdout.splitlines()[-1].split()[1:]
 
 
 @pytest.mark.parametrize("argv", [
@@ -36,7 +26,7 @@ def imported_heavy_modules(argv: list[str]) -> list[str]:
         "bad-gamma", "bad-top-p", "bad-dtype"])
 def test_the_flag_path_imports_neither_torch_nor_transformers(argv):
     """Bug: bench.py imported torch at the top, so a bad flag was refused only after 7-10 s of imports."""
-    assert imported_heavy_modules(argv) == []
+    assert heavy_modules_imported("bench", argv) == []
 
 
 def test_a_bad_limit_is_refused_in_the_shared_wording(capsys):
@@ -47,18 +37,6 @@ def test_a_bad_limit_is_refused_in_the_shared_wording(capsys):
 
 def test_ctrl_c_while_the_imports_load_says_interrupted_and_exits_130(tmp_path):
     """Bug: a Ctrl-C while bench.py's imports loaded printed a KeyboardInterrupt traceback: the imports ran outside
-    any handler. A sitecustomize module raises SIGINT in the process itself when the imports reach
-    sampling.settings, so the signal lands there every time."""
-    (tmp_path / "sitecustomize.py").write_text(
-        "import signal, sys\n"
-        "class InterruptOnImport:\n"
-        "    def find_spec(self, name, path=None, target=None):\n"
-        "        if name == 'sampling.settings':\n"
-        "            sys.meta_path.remove(self)\n"
-        "            signal.raise_signal(signal.SIGINT)\n"
-        "        return None\n"
-        "sys.meta_path.insert(0, InterruptOnImport())\n")
-    env = {**os.environ, "PYTHONPATH": str(tmp_path)}
-    done = subprocess.run([sys.executable, "bench.py", "--help"], cwd=REPO, env=env, capture_output=True, text=True,
-                          timeout=120)
+    any handler."""
+    done = run_interrupted_while_importing("bench.py", tmp_path)
     assert (done.returncode, done.stderr, done.stdout) == (bench.INTERRUPTED_EXIT, "interrupted\n", "")

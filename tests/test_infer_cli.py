@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -12,7 +11,7 @@ import pytest
 
 import infer
 from sampling.settings import STRATEGIES
-from tests.helpers import save_random_heads, save_tiny_pair
+from tests.helpers import heavy_modules_imported, run_interrupted_while_importing, save_random_heads, save_tiny_pair
 from utils.flags import model_choice
 
 REPO = Path(__file__).resolve().parent.parent
@@ -110,14 +109,6 @@ def test_flags_that_apply_give_no_warning(capsys):
     assert "warning" not in capsys.readouterr().err
 
 
-def imported_heavy_modules(argv: list[str]) -> list[str]:
-    code = ("import sys, infer\n"
-            "try:\n    infer.main(sys.argv[1:])\nexcept SystemExit:\n    pass\n"
-            "print('imported:', *[m for m in ('torch', 'transformers') if m in sys.modules])")
-    done = subprocess.run([sys.executable, "-c", code, *argv], cwd=REPO, capture_output=True, text=True, timeout=120)
-    return done.stdout.splitlines()[-1].split()[1:]
-
-
 @pytest.mark.parametrize("argv", [
     ["--help"],
     ["--temperature", "0.7", "--top-k", "5", "--top-p", "0.9", "--seed", "3", "--lookahead", "3", "4", "2",
@@ -129,25 +120,13 @@ def imported_heavy_modules(argv: list[str]) -> list[str]:
 def test_the_flag_path_imports_neither_torch_nor_transformers(argv):
     """--help and every flag check stay instant: importing torch takes seconds. (Bug: checking the flags built the
     chat's settings, which imported torch, before a bad flag was refused.)"""
-    assert imported_heavy_modules(argv) == []
+    assert heavy_modules_imported("infer", argv) == []
 
 
 def test_ctrl_c_while_the_imports_load_says_interrupted_and_exits_130(tmp_path):
     """Bug: a Ctrl-C in the first seconds after launch printed a KeyboardInterrupt traceback: the imports ran outside
-    main's handler. A sitecustomize module raises SIGINT in the process itself when infer.py's imports reach
-    sampling.settings, so the signal lands there every time."""
-    (tmp_path / "sitecustomize.py").write_text(
-        "import signal, sys\n"
-        "class InterruptOnImport:\n"
-        "    def find_spec(self, name, path=None, target=None):\n"
-        "        if name == 'sampling.settings':\n"
-        "            sys.meta_path.remove(self)\n"
-        "            signal.raise_signal(signal.SIGINT)\n"
-        "        return None\n"
-        "sys.meta_path.insert(0, InterruptOnImport())\n")
-    env = {**os.environ, "PYTHONPATH": str(tmp_path)}
-    done = subprocess.run([sys.executable, "infer.py", "--help"], cwd=REPO, env=env, capture_output=True, text=True,
-                          timeout=120)
+    main's handler."""
+    done = run_interrupted_while_importing("infer.py", tmp_path)
     assert (done.returncode, done.stderr, done.stdout) == (infer.INTERRUPTED_EXIT, "interrupted\n", "")
 
 
