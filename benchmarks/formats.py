@@ -36,6 +36,7 @@ TARGET = "qwen2.5-coder-1.5b"
 FORMATS = ("float32", "float32-prepacked", "bfloat16", "int8", "int4", "q4k")
 TEXT_TOKENS = 1025
 WIDTHS = (1, 2, 4, 8, 14)
+PREFILL = 150  # a prompt's tokens
 
 
 def text_ids(tokenizer) -> list[int]:
@@ -76,8 +77,9 @@ def main(argv: list[str]) -> int:
         for name in names:
             lm = CachedModel(build(base.model, name))
             ms = {n: time_forward(lm, ids[:128], ids[128:128 + n], 3) * 1e3 for n in WIDTHS}
+            prefill = time_forward(lm, ids[:1], ids[1:1 + PREFILL], 1)
             print(f"{name:18s} " + " ".join(f"{n}: {ms[n]:.0f} ms" for n in WIDTHS)
-                  + f"  verify of 8: {ms[8] / ms[1]:.2f} steps", flush=True)
+                  + f"  verify of 8: {ms[8] / ms[1]:.2f} steps  {PREFILL}-token prefill: {prefill:.2f} s", flush=True)
             del lm
             gc.collect()
         return 0
