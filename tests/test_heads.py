@@ -280,3 +280,19 @@ def test_a_compact_head_keeps_its_size_and_the_output(trained, target64):
     strategy = build_strategy("eagle", target, None, StrategySettings(gamma=4, verify_width=8), {"eagle": head})
     for prompt in PROMPTS:
         assert generate(strategy, prompt).token_ids == generate(Autoregressive(CachedModel(target64)), prompt).token_ids
+
+
+def test_the_docstring_prompts_are_the_same_every_time_and_cover_their_three_categories():
+    import importlib.util
+    from collections import Counter
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parent.parent / "heads" / "docstring_prompts.py"
+    spec = importlib.util.spec_from_file_location("docstring_prompts", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    rows = module.prompts(4)
+    assert rows == module.prompts(4)
+    assert Counter(r["category"] for r in rows) == {"summarization": 4, "qa": 4, "translation": 4}
+    passages = [r["turns"][0].split("\n\n", 1)[1] for r in rows]
+    assert len(set(passages)) == len(rows) and not any(">>>" in p or "    " in p for p in passages)
