@@ -23,39 +23,48 @@ def fits(linear: nn.Linear) -> bool:
     return linear.in_features % GROUP == 0 and linear.out_features % OUT_MULTIPLE == 0
 
 
-class Int4Linear(nn.Module):
-    """`linear` with 4-bit weights; activations and output keep its dtype (bfloat16: the kernel's only one)."""
+class PackedInt4(nn.Module):
+    """A linear layer on the kernel: codes in 0..15 with a scale and a zero per `group` input features (the weight is
+    (code - 8) * scale + zero); the input is rounded to bfloat16 for the kernel, the output comes back in its dtype."""
 
     packed: Tensor  # buffers (register_buffer)
     scale_zero: Tensor
 
-    def __init__(self, linear: nn.Linear):
+    def __init__(self, codes: Tensor, scale: Tensor, zero: Tensor, bias: Tensor | None, group: int):
         super().__init__()
-        if not fits(linear):
-            raise ValueError(f"int4 needs input features in groups of {GROUP} and output features by "
-                             f"{OUT_MULTIPLE}s, not {linear.in_features} -> {linear.out_features}")
-        if linear.weight.device.type != "cpu" or linear.weight.dtype != torch.bfloat16:
-            raise ValueError("int4 weights run on torch's CPU kernel with bfloat16 activations")
-        self.in_features, self.out_features = linear.in_features, linear.out_features
-        codes, scale, zero = quantize(linear.weight.detach())
+        self.out_features, self.in_features = codes.shape
+        self.group = group
         self.register_buffer("packed", torch._convert_weight_to_int4pack_for_cpu(codes, INNER_K_TILES))
-        # (groups, out, 2): the kernel's layout; it computes (code - 8) * scale + zero
+        # (groups, out, 2): the kernel's layout
         self.register_buffer("scale_zero", torch.stack([scale, zero], -1).transpose(0, 1).contiguous()
                              .to(torch.bfloat16))
-        self.bias = linear.bias
+        self.bias = bias
 
     def forward(self, x: Tensor) -> Tensor:
-        out = torch._weight_int4pack_mm_for_cpu(x.reshape(-1, self.in_features), self.packed, GROUP, self.scale_zero)
+        flat = x.reshape(-1, self.in_features).to(torch.bfloat16)
+        out = torch._weight_int4pack_mm_for_cpu(flat, self.packed, self.group, self.scale_zero).to(x.dtype)
         out = out.reshape(*x.shape[:-1], self.out_features)
         return out if self.bias is None else out + self.bias
 
     def dequantized(self) -> Tensor:
         """The weights the kernel multiplies by, (out, in)."""
         eye = torch.eye(self.in_features, dtype=torch.bfloat16)
-        return torch._weight_int4pack_mm_for_cpu(eye, self.packed, GROUP, self.scale_zero).T
+        return torch._weight_int4pack_mm_for_cpu(eye, self.packed, self.group, self.scale_zero).T
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}"
+
+
+class Int4Linear(PackedInt4):
+    """`linear` with 4-bit weights; activations and output keep its dtype (bfloat16: the kernel's only one)."""
+
+    def __init__(self, linear: nn.Linear):
+        if not fits(linear):
+            raise ValueError(f"int4 needs input features in groups of {GROUP} and output features by "
+                             f"{OUT_MULTIPLE}s, not {linear.in_features} -> {linear.out_features}")
+        if linear.weight.device.type != "cpu" or linear.weight.dtype != torch.bfloat16:
+            raise ValueError("int4 weights run on torch's CPU kernel with bfloat16 activations")
+        super().__init__(*quantize(linear.weight.detach()), linear.bias, GROUP)
 
 
 def quantize(weight: Tensor) -> tuple[Tensor, Tensor, Tensor]:

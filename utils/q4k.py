@@ -15,12 +15,12 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
+from utils.int4 import PackedInt4
 from utils.layers import linear_weight
 
 GROUP = 32  # Q4_K's sub-block: the weights that share a scale and a min
 BLOCK = 256  # weights per Q4_K block: fp16 d, fp16 dmin, 12 bytes of 6-bit scales and mins, 128 bytes of codes
 BLOCK_BYTES = 144
-INNER_K_TILES = 2
 MODULES = {"attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj",
             "attn_output": "self_attn.o_proj", "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj",
             "ffn_down": "mlp.down_proj"}
@@ -42,34 +42,11 @@ def groups(raw: np.ndarray, rows: int, cols: int) -> tuple[Tensor, Tensor, Tenso
     return torch.from_numpy(codes), torch.from_numpy(scale), torch.from_numpy(low)
 
 
-class Q4KLinear(nn.Module):
+class Q4KLinear(PackedInt4):
     """A linear layer with a GGUF tensor's Q4_K weights; float32 (or any dtype) in and out, bfloat16 in the kernel."""
 
-    packed: Tensor
-    scale_zero: Tensor
-
     def __init__(self, codes: Tensor, scale: Tensor, low: Tensor, bias: Tensor | None):
-        super().__init__()
-        self.out_features, self.in_features = codes.shape
-        self.register_buffer("packed", torch._convert_weight_to_int4pack_for_cpu(codes, INNER_K_TILES))
-        zero = 8 * scale - low  # (code - 8) * scale + zero == scale * code - low
-        self.register_buffer("scale_zero", torch.stack([scale, zero], -1).transpose(0, 1).contiguous()
-                             .to(torch.bfloat16))
-        self.bias = None if bias is None else nn.Parameter(bias.detach().float(), requires_grad=False)
-
-    def forward(self, x: Tensor) -> Tensor:
-        flat = x.reshape(-1, self.in_features).to(torch.bfloat16)
-        out = torch._weight_int4pack_mm_for_cpu(flat, self.packed, GROUP, self.scale_zero).to(x.dtype)
-        out = out.reshape(*x.shape[:-1], self.out_features)
-        return out if self.bias is None else out + self.bias.to(x.dtype)
-
-    def dequantized(self) -> Tensor:
-        """The weights the kernel multiplies by, (out, in)."""
-        eye = torch.eye(self.in_features, dtype=torch.bfloat16)
-        return torch._weight_int4pack_mm_for_cpu(eye, self.packed, GROUP, self.scale_zero).T
-
-    def extra_repr(self) -> str:
-        return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}"
+        super().__init__(codes, scale, 8 * scale - low, bias, GROUP)  # (code - 8) * scale + zero == scale * code - low
 
 
 def apply(model: nn.Module, gguf_file: str | Path) -> list[str]:
