@@ -31,6 +31,7 @@ from pathlib import Path
 
 from rich.console import Console
 
+from chat.undecodable import notice, replace_undecodable
 from sampling.settings import NEEDS_DRAFTER, NEEDS_HEAD, STRATEGIES
 from utils.flags import (
     Decoding,
@@ -150,6 +151,16 @@ def read_prompt(args: argparse.Namespace) -> str | None:
         raise InputError(f"cannot read --prompt-file {args.prompt_file}: {reason}") from None
 
 
+def replace_undecodable_flag(text: str | None, flag: str, errors: Console) -> str | None:
+    """A flag's text with the bytes that are not UTF-8 replaced (the command line hands them over undecoded), said."""
+    if text is None:
+        return None
+    text, undecodable = replace_undecodable(text)
+    if undecodable:
+        errors.print(f"infer.py: warning: {notice(flag, undecodable)}", style="yellow", markup=False, soft_wrap=True)
+    return text
+
+
 def make_settings(args: argparse.Namespace, chosen: Decoding, strategies: tuple[str, ...]):
     from chat.session import ChatSettings
 
@@ -174,6 +185,8 @@ def main(argv: list[str] | None = None) -> int:
         if chosen.ignored:
             errors.print(f"infer.py: warning: {chosen.ignored}", style="yellow", markup=False, soft_wrap=True)
         prompt = read_prompt(args)
+        prompt = replace_undecodable_flag(prompt, "--prompt", errors)
+        args.system = replace_undecodable_flag(args.system, "--system", errors)
         if prompt is not None and not prompt.strip():
             raise InputError("the prompt is empty")
         with contextlib.redirect_stdout(sys.stderr) if args.json else contextlib.nullcontext():

@@ -14,6 +14,7 @@ from chat.commands import Outcome, build_commands, dispatch
 from chat.render import ConsoleView, banner, comparison_table, interrupt_notice, turn_rows, warn
 from chat.session import ChatSession, ContextOverflow, ModelInfo
 from chat.turn import Turn, run_turn
+from chat.undecodable import accept_undecodable_stdin, notice, replace_undecodable
 
 HISTORY_LINES = 1000
 
@@ -29,6 +30,7 @@ class ChatApp:
 
     def run(self) -> int:
         readline = self._start_readline()
+        accept_undecodable_stdin()
         self.console.print(banner(self.info, self.session, self.compare))
         try:
             while (line := self.read()) is not None:
@@ -43,18 +45,22 @@ class ChatApp:
         return 0
 
     def read(self) -> str | None:
-        """One input line (lines ending in a backslash continue); "" after Ctrl-C, None at end of input."""
+        """One input line (lines ending in a backslash continue), bytes that are not UTF-8 replaced; "" after Ctrl-C,
+        None at end of input."""
         try:
             line = input(self._prompt("you ›"))
             while line.endswith("\\"):
                 line = line[:-1] + "\n" + input(self._prompt("    …"))
-            return line
         except KeyboardInterrupt:
             self.console.print()
             return ""
         except EOFError:
             self.console.print()
             return None
+        line, undecodable = replace_undecodable(line)
+        if undecodable:
+            warn(self.console, notice("the line", undecodable))
+        return line
 
     def handle(self, line: str) -> Outcome:
         text = line.strip()

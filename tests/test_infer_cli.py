@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -247,3 +248,40 @@ def test_verify_reaches_the_loader(monkeypatch):
     assert seen["verify"] is True
     assert infer.main(["--target", "x", "--device", "cpu", "-p", "hi"]) == infer.LOAD_EXIT
     assert seen["verify"] is False
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("stdin_encoding", [None, "utf-8:strict"], ids=["surrogateescape", "strict"])
+def test_invalid_utf8_on_stdin_is_replaced_with_a_notice_and_the_chat_goes_on(checkpoints, stdin_encoding):
+    """Bug: `printf 'caf\\xe9 \\xff\\nhi\\n' | infer.py` ended in a tokenizer TypeError (or, with a strict stdin, a
+    UnicodeDecodeError), rc 1: the session and the rest of the input lost."""
+    target, drafter = checkpoints
+    env = {**os.environ, "LC_ALL": "C.UTF-8"}
+    env.pop("PYTHONIOENCODING", None)
+    if stdin_encoding:
+        env["PYTHONIOENCODING"] = stdin_encoding
+    argv = [sys.executable, "infer.py", "--target", str(target), "--drafter", str(drafter), "--dtype", "float32",
+            "--device", "cpu", "-n", "3", "--strategy", "autoregressive", "--no-calibrate"]
+    done = subprocess.run(argv, cwd=REPO, env=env, input=b"caf\xe9 \xff\nhi\n/history\n", capture_output=True,
+                          timeout=120)
+    out, err = done.stdout.decode("utf-8", "replace"), done.stderr.decode("utf-8", "replace")
+    assert done.returncode == 0 and "Traceback" not in err, err
+    assert out.count("invalid UTF-8") == 1 and "the line had 2 invalid UTF-8 bytes: replaced by \ufffd" in out
+    assert "user caf\ufffd \ufffd" in out and "user hi" in out  # both turns answered, in the history
+
+
+def test_invalid_utf8_in_the_prompt_flags_is_replaced_with_a_notice(capsys, monkeypatch):
+    """Bug: `-p $'caf\\xe9 \\xff'` (the command line hands undecodable bytes over as surrogates) crashed in the
+    tokenizer."""
+    seen = {}
+
+    def run(args, chosen, console, errors, prompt, one_shot, json_out):
+        seen.update(prompt=prompt, system=args.system)
+        return 0
+
+    monkeypatch.setattr(infer, "run", run)
+    assert infer.main(["-p", "caf\udce9 \udcff", "--system", "\udce9t\u00e9"]) == 0
+    assert seen == {"prompt": "caf\ufffd \ufffd", "system": "\ufffdt\u00e9"}
+    err = capsys.readouterr().err.splitlines()
+    assert err == ["infer.py: warning: --prompt had 2 invalid UTF-8 bytes: replaced by \ufffd (send UTF-8 text)",
+                   "infer.py: warning: --system had 1 invalid UTF-8 byte: replaced by \ufffd (send UTF-8 text)"]
