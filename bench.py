@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING
 # Only what the flags need: torch and transformers are imported once the flags are checked (main), so that a bad flag
 # is refused at once, not after seconds of imports.
 from benchmarks.names import HF_BASELINES, LLAMACPP, REFERENCE
-from benchmarks.prompts import DEFAULT_PROMPTS
+from benchmarks.prompts import DEFAULT_PROMPTS, Prompt, load_prompts
 from sampling.settings import NEEDS_DRAFTER, NEEDS_HEAD, STRATEGIES
 from utils.checks import SettingError, integer
 from utils.flags import (
@@ -47,6 +47,7 @@ from utils.flags import (
     decoding,
     model_choice,
 )
+from utils.paths import output_dir_problem
 from utils.presets import EMBEDDED, ModelLoadError, default_cache_dir, resolve_preset
 
 if TYPE_CHECKING:
@@ -162,6 +163,36 @@ def timing_context(prompts, encode, max_new_tokens: int, limit: int) -> list[int
     return (ids * (wanted // len(ids) + 1))[:wanted]
 
 
+def select_prompts(args: argparse.Namespace) -> list[Prompt]:
+    """The prompts to measure (--prompts, --categories, --limit, --quick); ValueError or FileNotFoundError, one line,
+    for a bad file or selection."""
+    prompts = load_prompts(args.prompts, _split(args.categories) or None, args.limit)
+    if args.quick:
+        firsts: dict[str, Prompt] = {}
+        for prompt in prompts:
+            firsts.setdefault(prompt.category, prompt)
+        prompts = list(firsts.values())[:QUICK_PROMPTS]
+    if not prompts:
+        raise ValueError(f"no prompts selected from {args.prompts}")
+    return prompts
+
+
+def check_output_dir(out: Path, resume: bool) -> None:
+    """ValueError where --out cannot take this run: not a directory, or it holds another run and --resume is not given
+    (its measurements would be overwritten)."""
+    problem = output_dir_problem(out)
+    if problem:
+        raise ValueError(problem)
+    if resume:
+        return
+    if (out / "results.json").exists():
+        raise ValueError(f"{out} holds a finished run (results.json): pass --resume to keep its measurements, or "
+                         "choose another --out")
+    if (out / "progress.jsonl").exists():
+        raise ValueError(f"{out} holds an interrupted run (progress.jsonl): pass --resume to continue it, or choose "
+                         "another --out")
+
+
 def llamacpp_contestant(name: str, pair: LoadedPair, args: argparse.Namespace) -> tuple[LlamaCpp | None, str | None]:
     """llama.cpp on the GGUF files the embedded pair comes from (None and why where it cannot run)."""
     import torch
@@ -192,15 +223,25 @@ def main(argv: list[str] | None = None) -> int:
     if args.results_page:
         from benchmarks.report import results_page
 
-        RESULTS_PAGE.write_text(results_page(RESULTS_DIR), encoding="utf-8")
-        print(f"wrote {RESULTS_PAGE} from {len(list(RESULTS_DIR.glob('*/results.json')))} runs", file=sys.stderr)
+        page, runs, skipped_runs = results_page(RESULTS_DIR)
+        for reason in skipped_runs:
+            print(f"warning: skipped {reason}", file=sys.stderr)
+        RESULTS_PAGE.write_text(page, encoding="utf-8")
+        print(f"wrote {RESULTS_PAGE} from {runs} runs", file=sys.stderr)
         return 0
+    out = args.out or Path("bench_results") / datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
+    try:  # what can be wrong with the files, found before the models load
+        prompts = select_prompts(args)
+        check_output_dir(out, args.resume)
+    except (OSError, ValueError) as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
     import torch
 
     from benchmarks.contestants import OurStrategy
     from benchmarks.costs import measure_costs
     from benchmarks.hf_baselines import build_hf_baselines, sampling_kwargs, sklearn_available
-    from benchmarks.prompts import chat_ids, count_by_category, load_prompts
+    from benchmarks.prompts import chat_ids, count_by_category
     from benchmarks.report import machine_description, markdown, plot, print_tables, summarize, write_json
     from benchmarks.runner import Checkpoint, CheckpointMismatch, Encoder, RunSettings, run_benchmark
     from sampling.registry import build_strategy
@@ -215,15 +256,6 @@ def main(argv: list[str] | None = None) -> int:
     if args.decoding.ignored:
         print(f"warning: {args.decoding.ignored}", file=sys.stderr)
     max_new_tokens = args.max_new_tokens
-    prompts = load_prompts(args.prompts, _split(args.categories) or None, args.limit)
-    if args.quick:
-        firsts = {}
-        for prompt in prompts:
-            firsts.setdefault(prompt.category, prompt)
-        prompts = list(firsts.values())[:QUICK_PROMPTS]
-    if not prompts:
-        print("no prompts selected", file=sys.stderr)
-        return 2
     ours, others = selected_strategies(args)
     hf = [n for n in others if n in HF_BASELINES]
     choice, universal_spec = model_specs(args)
@@ -289,7 +321,6 @@ def main(argv: list[str] | None = None) -> int:
                                             clean_up_tokenization_spaces=False))
     run_settings = RunSettings(config, warmup_tokens=4 if args.quick else 8, context_limit=context_limit,
                                progress=not args.no_progress)
-    out = args.out or Path("bench_results") / datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
     fingerprint = {"target": target.label, "drafter": drafter.label if drafter else None, "dtype": str(dtype),
                    "device": str(device), "threads": torch.get_num_threads(), "max_new_tokens": max_new_tokens,
                    "decoding": repr(processor), "seed": args.seed, "strategy_settings": asdict(settings),

@@ -6,6 +6,7 @@ No test asserts a timing: on tiny models they are noise.
 import json
 import struct
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -21,6 +22,7 @@ from tests.helpers import save_random_heads, save_tiny_pair
 from utils.loading import load_model
 from utils.logits_processor import make_processor
 
+REPO = Path(__file__).resolve().parent.parent
 # Every strategy the default run measures is lossless: greedy output equals autoregressive output.
 LOSSLESS = tuple(s for s in STRATEGIES if s not in bench.NOT_BY_DEFAULT)
 HF = ("hf_generate", "hf_assisted", "hf_assisted_gamma", "hf_assisted_int8", "hf_assisted_int4", "hf_universal",
@@ -330,11 +332,12 @@ def test_the_results_page_shows_each_committed_run_with_a_link_to_its_data(quick
         report = json.loads((quick_run / "run" / "results.json").read_text())
         report["machine"]["date"] = "2026-01-01" if name == "older" else "2026-02-01"
         (results / name / "results.json").write_text(json.dumps(report))
-    page = results_page(results)
+    page, runs, skipped = results_page(results)
+    assert (runs, skipped) == (2, [])
     assert page.startswith("# Benchmark results") and "python bench.py --results-page" in page
     assert page.index("## newer") < page.index("## older")  # newest first
     assert "[results/newer/results.json](results/newer/results.json)" in page and "| speculative |" in page
-    assert "No run is committed yet." in results_page(tmp_path / "nothing")
+    assert "No run is committed yet." in results_page(tmp_path / "nothing")[0]
 
 
 def test_the_results_page_shows_recorded_paths_relative_to_the_repository():
@@ -345,3 +348,38 @@ def test_the_results_page_shows_recorded_paths_relative_to_the_repository():
     assert shown_path("/elsewhere/prompts.jsonl") == "/elsewhere/prompts.jsonl"  # outside it: as recorded
     assert shown_path("mine.jsonl") == "mine.jsonl"
     assert str(REPO / "benchmarks") not in (REPO / "benchmarks" / "RESULTS.md").read_text(encoding="utf-8")
+
+
+COMMITTED_RUN = REPO / "benchmarks" / "results" / "avx2-greedy" / "results.json"
+
+
+def test_the_results_page_skips_a_damaged_results_json_naming_it(tmp_path):
+    """Bug: one truncated results.json ended `bench.py --results-page` in a JSONDecodeError."""
+    from benchmarks.report import results_page
+
+    results = tmp_path / "benchmarks" / "results"
+    text = COMMITTED_RUN.read_text(encoding="utf-8")
+    for name, body in (("good", text), ("cut", text[: len(text) // 2]), ("list", "[]"), ("binary", "\udcff")):
+        (results / name).mkdir(parents=True)
+        (results / name / "results.json").write_text(body, encoding="utf-8", errors="surrogateescape")
+    page, runs, skipped = results_page(results)
+    assert runs == 1 and "## good" in page and "## cut" not in page
+    assert sorted(line.split(":")[0] for line in skipped) == sorted(str(results / n / "results.json")
+                                                                   for n in ("binary", "cut", "list"))
+    assert all("not a run's report" in line and "\n" not in line for line in skipped)
+
+
+def test_the_results_page_shows_prompts_relative_to_the_repository_whatever_checkout_ran_them(tmp_path):
+    """Bug: the page regenerated in another checkout than the one that ran showed /work/main/benchmarks/prompts.jsonl
+    where the committed page shows benchmarks/prompts.jsonl."""
+    from benchmarks.report import REPO, results_page, shown_path
+
+    assert shown_path("/some/other/checkout/benchmarks/prompts.jsonl") == "benchmarks/prompts.jsonl"
+    assert shown_path("/some/other/checkout/benchmarks/prompts.jsonl", repo=tmp_path) == \
+        "/some/other/checkout/benchmarks/prompts.jsonl"  # not a file of that repository: as recorded
+    report = json.loads(COMMITTED_RUN.read_text(encoding="utf-8"))
+    report["config"]["prompts"] = "/some/other/checkout/benchmarks/prompts.jsonl"
+    (tmp_path / "results" / "run").mkdir(parents=True)
+    (tmp_path / "results" / "run" / "results.json").write_text(json.dumps(report))
+    page = results_page(tmp_path / "results")[0]
+    assert "prompts `benchmarks/prompts.jsonl`" in page and "/some/other" not in page and str(REPO) not in page
