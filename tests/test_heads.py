@@ -268,6 +268,27 @@ def test_unusable_heads_are_refused_with_a_reason(tmp_path):
     assert load_heads(["none"], "tiny", model) == {}
 
 
+@pytest.mark.parametrize("kind, claimed, message", [
+    ("eagle", "medusa", "its medusa config has no num_heads"),
+    ("medusa", "eagle", "its eagle config has no num_attention_heads, num_key_value_heads, head_dim"),
+])
+def test_a_head_json_naming_another_kind_than_its_weights_is_refused(tmp_path, kind, claimed, message):
+    """Bug: a head.json saying "medusa" over eagle weights loaded as a Medusa head with zero heads, and ran."""
+    model = tiny_model(vocab_size=41, seed=2, dtype=torch.float32)
+    head = random_head(model, kind)
+    save_head(tmp_path, head.config, head.module, None, {})
+    meta = json.loads((tmp_path / "head.json").read_text())
+    (tmp_path / "head.json").write_text(json.dumps({**meta, "kind": claimed}))
+    with pytest.raises(ModelLoadError, match=message) as error:
+        load_head(tmp_path, model)
+    assert "\n" not in str(error.value)
+    meta["config"]["num_heads"] = 2  # a medusa config of fewer heads than its weights: refused the same way
+    (tmp_path / "head.json").write_text(json.dumps(meta))
+    if kind == "medusa":
+        with pytest.raises(ModelLoadError, match="medusa config has no place for weights heads.2.0.linear.bias, "):
+            load_head(tmp_path, model)
+
+
 def test_a_compact_head_keeps_its_size_and_the_output(trained, target64):
     """int4 weights (int8 where a layer's shape does not fit int4), bf16 activations: drafts change, output not."""
     from utils.heads import compact

@@ -314,16 +314,31 @@ def load_head(path: str | Path, model, dtype: torch.dtype = torch.float32) -> Dr
         else:
             raise ModelLoadError(f"{path} has neither {CONFIG} (this project's heads) nor config.json (the EAGLE and "
                                  "Medusa authors' heads)")
+        _check_sizes(config, path)
         module = build(config)
         missing, unexpected = module.load_state_dict(state, strict=False)
         if missing:
             raise ModelLoadError(f"the head in {path} lacks {', '.join(missing[:4])}"
                                  f"{' and more' if len(missing) > 4 else ''}: not a {config.kind} head of this layout")
+        if unexpected:  # a head.json that names another kind (or size) than its weights are
+            raise ModelLoadError(f"the head in {path}: its {config.kind} config has no place for weights "
+                                 f"{', '.join(unexpected[:4])}{' and more' if len(unexpected) > 4 else ''}: a config "
+                                 "of another kind or size than the weights; retrain the head or fix its config")
         return bind(config, module, model, vocab, info, dtype)
     except ModelLoadError:
         raise
     except Exception as error:  # a damaged file, a config of another shape
         raise ModelLoadError(f"cannot read the head in {path}: {one_line(error)}") from error
+
+
+def _check_sizes(config: HeadConfig, path: Path) -> None:
+    """Refuse a config whose kind lacks the sizes that kind needs (as another kind's config does)."""
+    needed = (("num_attention_heads", "num_key_value_heads", "head_dim", "intermediate_size")
+              if config.kind == "eagle" else ("num_heads", "num_layers"))
+    absent = [name for name in needed if not isinstance(getattr(config, name), int) or getattr(config, name) < 1]
+    if absent:
+        raise ModelLoadError(f"the head in {path}: its {config.kind} config has no {', '.join(absent)}: a config "
+                             "of another kind than the weights, or damaged; retrain the head or fix its config")
 
 
 def _read_tensors(file: Path) -> dict[str, Tensor]:
