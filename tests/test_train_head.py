@@ -1,0 +1,187 @@
+"""train_head.py's run directory on a tiny target: what OUT holds is never lost (refused without --resume or
+--overwrite, resumed by the prompts answered, checkpointed at a Ctrl-C, written whole, damaged files made again,
+locked), bad input refused before loading, and the time budget bounding the whole run."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+import torch
+
+import train_head
+from tests.helpers import save_tiny_checkpoint
+from utils.files import exclusive, write_atomically
+
+
+@pytest.fixture(scope="module")
+def target(tmp_path_factory):
+    return save_tiny_checkpoint(tmp_path_factory.mktemp("train_head") / "target")
+
+
+def prompt_file(path, count: int):
+    """`count` prompts, `turns` only: the help names no `category`, so none is needed."""
+    path.write_text("\n".join(json.dumps({"turns": [f"question {i}: the fox"]}) for i in range(count)) + "\n")
+    return path
+
+
+def argv(target, out, prompts, *more: str) -> list[str]:
+    return ["--target", str(target), "--kind", "medusa", "--out", str(out), "--prompts", str(prompts),
+            "--max-new-tokens", "6", "--epochs", "2", "--time-budget", "5", "--no-progress", *more]
+
+
+def training(out) -> dict:
+    return json.loads((out / "head.json").read_text())["training"]
+
+
+def recorded_prompts(out) -> list[str]:
+    return sorted(row["prompt"] for file in (out / "data").glob("batch-*.pt")
+                  for row in torch.load(file, weights_only=True))
+
+
+def interrupt_on_call(monkeypatch, name: str, call: int) -> None:
+    """train_head.`name` raises KeyboardInterrupt (a Ctrl-C) on its `call`-th call, as if the user pressed it then."""
+    real, calls = getattr(train_head, name), []
+
+    def interrupted(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == call:
+            raise KeyboardInterrupt
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(train_head, name, interrupted)
+
+
+def test_a_non_empty_out_is_refused_before_anything_is_touched(tmp_path, capsys):
+    """Bug: without --resume, an OUT holding 46 minutes of answers lost them all first (and the run then failed)."""
+    out = tmp_path / "head"
+    (out / "data").mkdir(parents=True)
+    (out / "data" / "batch-0000.pt").write_bytes(b"answers")
+    (out / "checkpoint.pt").write_bytes(b"checkpoint")
+    missing_target = tmp_path / "no-model"  # refused before loading: a load would fail with exit 1
+    assert train_head.main(argv(missing_target, out, prompt_file(tmp_path / "p.jsonl", 4), "--time-budget",
+                                "0.01")) == 2
+    err = capsys.readouterr().err
+    assert err == (f"error: {out} is not empty (checkpoint.pt, data): pass --resume to continue from it, --overwrite "
+                   "to start it over, or choose another --out\n")
+    assert (out / "data" / "batch-0000.pt").read_bytes() == b"answers"
+    assert (out / "checkpoint.pt").read_bytes() == b"checkpoint"
+
+
+def test_overwrite_starts_a_non_empty_out_over(target, tmp_path, capsys):
+    out = tmp_path / "head"
+    (out / "data").mkdir(parents=True)
+    (out / "data" / "batch-0000.pt").write_bytes(b"old answers")
+    (out / "notes.txt").write_text("mine")
+    assert train_head.main(argv(target, out, prompt_file(tmp_path / "p.jsonl", 4), "--overwrite")) == 0
+    assert "damaged" not in capsys.readouterr().err  # the old batch was removed, not read
+    assert training(out)["answers"] == 4 and recorded_prompts(out) == [f"question {i}: the fox" for i in range(4)]
+    assert (out / "notes.txt").read_text() == "mine"  # only what train_head.py writes is removed
+    with pytest.raises(SystemExit):
+        train_head.parse_args(argv(target, out, tmp_path / "p.jsonl", "--overwrite", "--resume"))
+
+
+def test_a_resume_with_another_batch_size_answers_every_prompt_once(target, tmp_path, monkeypatch, capsys):
+    """Bug: the resume point was files x batch: a --batch 2 run stopped after 3 files and resumed with --batch 4
+    started at prompt 12, never answering 6-11."""
+    out, prompts = tmp_path / "head", prompt_file(tmp_path / "p.jsonl", 10)
+    interrupt_on_call(monkeypatch, "_answer", 4)
+    assert train_head.main(argv(target, out, prompts, "--batch", "2")) == train_head.INTERRUPTED_EXIT
+    assert capsys.readouterr().err.startswith("interrupted: ")
+    assert len(recorded_prompts(out)) == 6
+    monkeypatch.undo()
+    assert train_head.main(argv(target, out, prompts, "--batch", "4", "--resume")) == 0
+    assert recorded_prompts(out) == sorted(f"question {i}: the fox" for i in range(10))
+    assert training(out)["answers"] == 10
+
+
+def test_ctrl_c_during_training_checkpoints_there_and_resume_goes_on_from_it(target, tmp_path, monkeypatch, capsys):
+    """Bug: a Ctrl-C while training printed a KeyboardInterrupt traceback and lost every step since the last epoch's
+    end."""
+    out, prompts = tmp_path / "head", prompt_file(tmp_path / "p.jsonl", 6)  # 1 held out, 5 trained on: 10 steps
+    interrupt_on_call(monkeypatch, "losses", 7)
+    assert train_head.main(argv(target, out, prompts)) == train_head.INTERRUPTED_EXIT
+    assert "interrupted" in capsys.readouterr().err
+    state = torch.load(out / "checkpoint.pt", weights_only=True)["state"]
+    assert (state["epoch"], state["step"]) == (1, 6)
+    monkeypatch.undo()
+    assert train_head.main(argv(target, out, prompts, "--resume")) == 0
+    assert (training(out)["steps"], training(out)["epochs"]) == (10, 2)
+
+
+def test_damaged_answers_and_checkpoint_are_named_and_made_again(target, tmp_path, capsys):
+    """Bug: a batch or checkpoint cut short by an interrupted save made --resume crash (OSError, ValueError)."""
+    out, prompts = tmp_path / "head", prompt_file(tmp_path / "p.jsonl", 6)
+    assert train_head.main(argv(target, out, prompts, "--batch", "2")) == 0
+    batch = out / "data" / "batch-0001.pt"
+    batch.write_bytes(batch.read_bytes()[:100])
+    (out / "checkpoint.pt").write_bytes(b"not a checkpoint")
+    capsys.readouterr()
+    assert train_head.main(argv(target, out, prompts, "--batch", "2", "--resume")) == 0
+    err = capsys.readouterr().err
+    assert f"warning: {batch} is damaged (" in err and "its prompts are answered again" in err
+    assert f"warning: {out / 'checkpoint.pt'} cannot be continued (" in err and "training starts over" in err
+    assert training(out)["answers"] == 6 and training(out)["epochs"] == 2
+    assert sorted(p.name for p in (out / "data").iterdir()) == ["batch-0000.pt", "batch-0001.pt", "batch-0002.pt",
+                                                                 "batch-0003.pt"]  # no temporary file left
+    assert sorted(p.name for p in out.iterdir()) == ["checkpoint.pt", "data", "head.json", "head.safetensors"]
+
+
+def test_a_write_cut_short_leaves_the_old_file(tmp_path):
+    path = tmp_path / "batch-0000.pt"
+    path.write_bytes(b"whole")
+
+    def cut_short(temporary):
+        temporary.write_bytes(b"par")
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        write_atomically(path, cut_short)
+    assert path.read_bytes() == b"whole" and [p.name for p in tmp_path.iterdir()] == ["batch-0000.pt"]
+
+
+def test_a_second_run_on_one_out_is_refused_while_the_first_holds_it(target, tmp_path, capsys):
+    """Bug: two runs on one --out both went on, writing the same files, and both reported success."""
+    out, prompts = tmp_path / "head", prompt_file(tmp_path / "p.jsonl", 4)
+    out.mkdir()
+    with exclusive(out, wait=False):  # what a running train_head.py holds
+        assert train_head.main(argv(target, out, prompts)) == 2
+    assert capsys.readouterr().err == (f"error: another train_head.py run is using {out}: wait for it to end, or "
+                                       "choose another --out\n")
+    assert list(out.iterdir()) == []
+    assert train_head.main(argv(target, out, prompts)) == 0  # released: the next run goes on
+
+
+def test_the_time_budget_bounds_the_whole_run(target, tmp_path):
+    """Bug: --time-budget 1 ran 2 min 26 s on the tiny models: a batch of answers and the held-out evaluation ran past
+    it."""
+    prompts = prompt_file(tmp_path / "p.jsonl", 40)
+    started = time.monotonic()
+    assert train_head.main(argv(target, tmp_path / "head", prompts, "--kind", "eagle", "--intermediate", "64",
+                                "--time-budget", "0.1", "--max-new-tokens", "400", "--batch", "8", "--epochs", "1000",
+                                "--held-out", "0.3")) == 0
+    assert time.monotonic() - started < 6 + 3  # the budget, and a margin for saving and a loaded machine (was 43 s)
+
+
+@pytest.mark.parametrize("lines, flag, message", [
+    ("", "--prompts", "no prompts in "),
+    ('["an", "array"]\n', "--prompts", "p.jsonl:1: not a JSON object"),
+    (None, "--prompts", "no prompt file at"),
+    ("", "--out", "is a file, not a directory"),
+    ("", "--out-under", "lies under the file"),
+])
+def test_bad_input_is_refused_in_one_line_before_loading(tmp_path, capsys, lines, flag, message):
+    """Bug: an empty prompt file said "the budget left fewer than 2 answers"; a line that is an array, or an --out
+    that is a file, ended in a traceback after the target loaded."""
+    prompts = tmp_path / "p.jsonl"
+    if lines is not None:
+        prompts.write_text(lines)
+    out = tmp_path / "head"
+    if flag.startswith("--out"):
+        prompt_file(prompts, 2)
+        (tmp_path / "file").write_text("x")
+        out = tmp_path / "file" / ("head" if flag == "--out-under" else "")
+    assert train_head.main(argv(tmp_path / "no-model", out, prompts)) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and message in err and len(err.splitlines()) == 1

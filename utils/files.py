@@ -1,0 +1,54 @@
+"""Files that outlive an interruption and a second process: written whole or not at all, and locked while in use.
+
+POSIX only (fcntl), as the rest of the project's file handling assumes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import os
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+
+class Busy(Exception):
+    """Another process holds the lock."""
+
+
+def write_atomically(path: Path, write: Callable[[Path], None]) -> None:
+    """`write(temporary)` beside `path`, then the temporary moved onto it (os.replace): whoever reads `path`, even
+    after a Ctrl-C or a crash mid-write, finds the old file or the whole new one, never a part."""
+    temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        write(temporary)
+        with open(temporary, "rb+") as written:
+            os.fsync(written.fileno())
+        os.replace(temporary, path)
+    except BaseException:
+        temporary.unlink(missing_ok=True)
+        raise
+
+
+@contextlib.contextmanager
+def exclusive(path: Path, wait: bool = True, on_wait: Callable[[], None] | None = None) -> Iterator[None]:
+    """Hold an exclusive lock on `path`: a directory itself, or a lock file (created if absent and never deleted:
+    a process that deleted it would let the next one lock a new file while a waiter locks the old one).
+
+    When another process holds it: with `wait`, `on_wait()` once, then block until it is released; else raise Busy.
+    The system releases the lock when its holder ends, however it ends, so a killed process leaves none behind."""
+    if not path.is_dir():
+        path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_RDONLY) if path.is_dir() else os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            if not wait:
+                raise Busy(str(path)) from None
+            if on_wait is not None:
+                on_wait()
+            fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # releases the lock
