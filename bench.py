@@ -246,7 +246,7 @@ def main(argv: list[str] | None = None) -> int:
     from benchmarks.runner import Checkpoint, CheckpointMismatch, Encoder, RunSettings, run_benchmark
     from sampling.registry import build_strategy
     from utils.caching import CachedModel
-    from utils.calibration import pair_key, tune
+    from utils.calibration import pair_key, probe, tune
     from utils.heads import load_heads
     from utils.loading import load_model, load_pair
     from utils.prepack import is_prepacked
@@ -281,9 +281,11 @@ def main(argv: list[str] | None = None) -> int:
     target_lm = CachedModel(target.model)
     drafter_lm = CachedModel(drafter.model, drafter.dense) if drafter is not None else None
     cached = [lm for lm in (target_lm, drafter_lm) if lm is not None]
+    cache_dir = args.cache_dir or default_cache_dir()
+    identity, _ = probe(cache_dir, target_lm, pair_key(pair))  # the path on which a verify rounds as the steps
+    print(f"greedy identity: {identity.summary}", file=sys.stderr)
     settings, calibration = args.decoding.strategy, None
     if args.calibrate:  # the chat's defaults on this machine: the drafting settings its timed forwards call for
-        cache_dir = args.cache_dir or default_cache_dir()
         tuning = tune(cache_dir, target_lm, drafter_lm, pair_key(pair), settings, args.decoding.explicit)
         settings, calibration = tuning.settings, tuning.calibration
         print(f"calibration ({'measured now' if tuning.measured else 'kept'}): " + "; ".join(tuning.choice.reasons),
@@ -324,7 +326,7 @@ def main(argv: list[str] | None = None) -> int:
     fingerprint = {"target": target.label, "drafter": drafter.label if drafter else None, "dtype": str(dtype),
                    "device": str(device), "threads": torch.get_num_threads(), "max_new_tokens": max_new_tokens,
                    "decoding": repr(processor), "seed": args.seed, "strategy_settings": asdict(settings),
-                   "drafter_compiled": compiled is not None,
+                   "drafter_compiled": compiled is not None, "target_path": str(identity.path),
                    "contestants": [c.describe() for c in contestants]}
     try:
         checkpoint = Checkpoint(out / "progress.jsonl", fingerprint, resume=args.resume)
@@ -362,6 +364,7 @@ def main(argv: list[str] | None = None) -> int:
             "top_k": args.top_k, "top_p": args.top_p, "min_p": args.min_p, "seed": args.seed,
             "hf_sampling_kwargs": sampling_kwargs(processor), "strategy_settings": asdict(settings),
             "calibration": calibration.as_dict() if calibration else None,
+            "greedy_identity": identity.as_dict(),
             "heads": {kind: {"path": head.info.get("path"), "parameters": head.size, "config": asdict(head.config),
                              "training": {k: v for k, v in head.info.items() if k != "path"}}
                       for kind, head in heads.items()},

@@ -240,6 +240,7 @@ def run(args: argparse.Namespace, chosen: Decoding, console: Console, errors: Co
                           heads=heads)
     session.keep_settings = chosen.explicit
     session.warm_up()
+    probe_session(session, pair, args.cache_dir, errors, quiet=args.json)
     if args.calibrate:
         calibrate_session(session, pair, args.cache_dir, errors, quiet=args.json)
     compile_drafter = args.compile if args.compile is not None else (
@@ -256,6 +257,20 @@ def run(args: argparse.Namespace, chosen: Decoding, console: Console, errors: Co
             raise InputError(str(error)) from None
     app = ChatApp(session, console, info, history_file(args.cache_dir), compare=not args.no_compare, debug=args.debug)
     return app.run()
+
+
+def probe_session(session, pair, cache_dir: Path | None, errors: Console, quiet: bool) -> None:
+    """The target's path on which a verify rounds as the one-token steps do (probed once per machine and models)."""
+    from utils.calibration import pair_key
+
+    status = contextlib.nullcontext() if quiet else errors.status("checking that this machine verifies as it steps "
+                                                                  "(once) …")
+    with status:
+        invariance, probed = session.probe(cache_dir or default_cache_dir(), pair_key(pair))
+    if not invariance.exact:
+        errors.print(f"greedy identity: {invariance.summary}", style="yellow", markup=False, soft_wrap=True)
+    elif probed and not quiet:
+        errors.print(f"greedy identity: {invariance.summary}", style="dim", markup=False, soft_wrap=True)
 
 
 def calibrate_session(session, pair, cache_dir: Path | None, errors: Console, quiet: bool) -> None:

@@ -391,6 +391,11 @@ def _stats(ctx: Context, arg: str) -> None:
         raise UsageError("takes no argument")
     if ctx.session.compile_status:
         say(ctx.console, f"drafter step: {ctx.session.compile_status}")
+    invariance = ctx.session.invariance
+    if invariance:
+        say(ctx.console, f"greedy identity: {invariance.summary}")
+        for reason in invariance.reasons:
+            say(ctx.console, f"  {reason}")
     tuning = ctx.session.tuning
     if tuning:
         say(ctx.console, f"drafting, calibrated for this machine (timed {tuning.calibration.date}): "
@@ -412,7 +417,7 @@ def _calibrate(ctx: Context, arg: str) -> None:
     session = ctx.session
     if session.calibration_key is None or session.cache_dir is None:
         raise UsageError("this session was started with --no-calibrate, so it has nothing to time against")
-    with ctx.console.status("timing this machine's forwards …"):
+    with ctx.console.status("probing and timing this machine's forwards …"):
         tuning = session.calibrate(session.cache_dir, session.calibration_key, again=True)
     say(ctx.console, f"calibrated in {tuning.calibration.seconds:.0f} s: {tuning.summary(session.settings.strategy)}")
     for reason in tuning.choice.reasons:

@@ -19,9 +19,11 @@ LENGTH_OPTION = "--max-new-tokens"  # what the advice of a prompt that does not 
 
 def result_json(session: ChatSession, run: Run) -> dict:
     stats = run.stats
+    identity = run.identity
     return {
         "strategy": run.strategy,
-        "lossless": run.lossless,
+        "lossless": run.lossless and identity in (None, "exact"),  # greedy: only where identity is exact here
+        "greedy_identity": identity,  # None: sampled, or a strategy that claims none
         "text": session.decode(session.answer_ids(run)),
         "token_ids": run.token_ids,
         "new_tokens": stats.new_tokens,
@@ -36,7 +38,10 @@ def result_json(session: ChatSession, run: Run) -> dict:
 
 
 def turn_json(session: ChatSession, info: ModelInfo, runs: list[Run], prompt_tokens: int | None) -> dict:
+    invariance = session.invariance
     return {"target": info.target, "drafter": info.drafter, "dtype": info.dtype, "device": info.device,
+            "greedy_identity": None if invariance is None else {"exact": invariance.exact, "path": str(invariance.path),
+                                                                "reasons": list(invariance.reasons)},
             "prompt_tokens": prompt_tokens, "results": [result_json(session, run) for run in runs]}
 
 

@@ -78,6 +78,7 @@ class ComparisonRow:
     interrupted: bool = False
     failed: bool = False
     lossless: bool = True
+    identity: str | None = None  # `ChatSession.greedy_identity`
 
     @property
     def complete(self) -> bool:
@@ -85,8 +86,8 @@ class ComparisonRow:
 
 
 def turn_rows(turn: Turn) -> list[ComparisonRow]:
-    return [ComparisonRow(run.strategy, run.stats, run.token_ids, run.interrupted, run.error is not None, run.lossless)
-            for run in turn.runs]
+    return [ComparisonRow(run.strategy, run.stats, run.token_ids, run.interrupted, run.error is not None, run.lossless,
+                          run.identity) for run in turn.runs]
 
 
 def _rate(x: float) -> str:
@@ -130,6 +131,9 @@ def comparison_table(rows: list[ComparisonRow], greedy: bool = True, baseline: s
     rates = [r.stats.tokens_per_second for r in rows if r.complete]
     fastest = max(rates) if len(rows) > 1 and rates and max(rates) > 0 else None
     caption = f"speedup: tokens/s over {baseline}'s · same: greedy output identical to it"
+    if any(row.identity not in (None, "exact") and identical_to_baseline(row, base, greedy) is False for row in rows):
+        caption += "\nNO: greedy identity is not exact on this machine (its kernels round a verify otherwise than a "
+        caption += "step; /stats says why)"
     table = Table(title=title, title_justify="left", caption=caption, caption_justify="left", header_style="bold")
     table.add_column("strategy", no_wrap=True)
     for name in ("tokens", "tok/s", "speedup", "accept", "tok/round", "TTFT"):
@@ -240,6 +244,7 @@ def banner(info: ModelInfo, session: ChatSession, compare: bool) -> Panel:
         "drafting": (f"calibrated for this machine: {session.tuning.summary(settings.strategy)} (/stats: why)"
                      if session.tuning else f"not calibrated: gamma {settings.strategy.gamma}, verify width "
                                             f"{settings.strategy.verify_width} (/calibrate)"),
+        "identity": "greedy: " + (session.invariance.summary if session.invariance else "not probed"),
         "strategies": running(settings.strategies, compare),
         "sampling": f"{describe_processor(settings.processor)} · up to {settings.max_new_tokens} new tokens",
         "chat": "template" + (f" · system: {settings.system}" if settings.system else "")

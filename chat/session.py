@@ -21,10 +21,12 @@ from jinja2 import TemplateError
 from sampling.base import MAX_SEED, DecodeConfig, Result, Round, Stats, Strategy
 from sampling.registry import build_strategy
 from sampling.settings import NEEDS_DRAFTER, NEEDS_HEAD, STRATEGIES, StrategySettings
+from sampling.speculative import Speculative
 from utils.background import PausableThread
 from utils.caching import CachedModel, common_prefix_length
-from utils.calibration import Tuning, tune
+from utils.calibration import Tuning, probe, tune
 from utils.checks import integer
+from utils.invariance import Invariance
 from utils.logits_processor import GreedyProcessor, LogitsProcessor
 
 COMPILING = "compiling (background)"
@@ -103,6 +105,7 @@ class Run:
     interrupted: bool = False
     error: str | None = None  # why it failed, where a turn goes on past a failed strategy (the one-shot mode)
     lossless: bool = True  # False: typical acceptance while sampling (the output does not follow the target's)
+    identity: str | None = None  # greedy identity with autoregressive: `ChatSession.greedy_identity`
 
     @property
     def result(self) -> Result:
@@ -138,6 +141,7 @@ class ChatSession:
         self.compile_status: str | None = None  # the drafter's compiled one-token step: None (not asked) or its state
         self._compile: PausableThread | None = None
         self.tuning: Tuning | None = None  # the drafting settings chosen from this machine's timed forwards
+        self.invariance: Invariance | None = None  # whether a verify rounds as the steps do here (`probe`)
         self.keep_settings: frozenset[str] = frozenset()  # settings the user chose: calibration leaves them be
         self.calibration_key: dict | None = None
         self.cache_dir: Path | None = None
@@ -217,9 +221,28 @@ class ChatSession:
     def update_strategy(self, **changes) -> ChatSettings:
         return self.update(strategy=replace(self.settings.strategy, **changes))
 
+    def probe(self, cache_dir: Path, key: dict, again: bool = False) -> tuple[Invariance, bool]:
+        """Run the target along the path on which this machine's verify rows equal its one-token steps bit for bit
+        (probed once per `key`, then kept: `utils.invariance`); True when it was probed now."""
+        self.invariance, probed = probe(cache_dir, self.target, key, again=again)
+        return self.invariance, probed
+
+    def greedy_identity(self, name: str) -> str | None:
+        """For a strategy whose greedy output must equal autoregressive's, token for token: "exact" where this
+        machine computes a verify as its steps, "not exact on this machine", or "not probed"; None when sampling
+        and for the strategies that make no such claim (autoregressive itself, beam search, the drafter alone)."""
+        if not self.settings.processor.is_greedy or not isinstance(self._strategies.get(name), Speculative):
+            return None
+        if self.invariance is None:
+            return "not probed"
+        return "exact" if self.invariance.exact else "not exact on this machine"
+
     def calibrate(self, cache_dir: Path, key: dict, again: bool = False) -> Tuning:
         """Time this machine's forwards (or take the timings kept for `key`) and set the drafting settings they call
-        for, except those the user chose (`keep_settings`); what was chosen and why is kept in `tuning`."""
+        for, except those the user chose (`keep_settings`); what was chosen and why is kept in `tuning`. The target's
+        path is probed first (`probe`), if it was not, or `again`: the timings are of that path."""
+        if again or self.invariance is None:
+            self.probe(cache_dir, key, again=again)
         self.tuning = tune(cache_dir, self.target, self.drafter, key, self.settings.strategy, self.keep_settings,
                            again=again)
         self.update(strategy=self.tuning.settings)

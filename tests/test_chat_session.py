@@ -378,7 +378,7 @@ def test_the_drafter_compiles_in_the_background_and_says_how_it_went(pair, monke
     assert failed.drafter.step_model is None
     packed = make_session(pair, strategies=("speculative",))  # the loader prepacked its float32 drafter
     packed.compile_drafter().join()
-    assert packed.compile_status == ("not compiled (ValueError: its float32 weights are oneDNN-prepacked, which "
+    assert packed.compile_status == ("not compiled (ValueError: its weights are oneDNN-prepacked, which "
                                      "torch.compile cannot lower)")
 
 

@@ -74,6 +74,11 @@ class CachedModel:
 
     `keep_hidden()`: from then on `hidden` also holds the model's last hidden state (after its final norm) of every
     cached token, row for row with `tokens`, through crops and moved rows alike: what draft heads read.
+
+    `min_rows`: every forward runs at least this many rows. A shorter one (a one-token step) gets spare rows after its
+    tokens, which no real row attends to, and they are dropped from the cache and the logits: on a CPU whose kernels
+    compute a lone row differently from the same row among several, a step then rounds as a verify's rows do
+    (`utils.invariance` measures which this machine needs).
     """
 
     def __init__(self, model, prefill_model=None, prefill_from: int = 8):
@@ -82,6 +87,7 @@ class CachedModel:
         self.cache = DynamicCache(config=model.config)
         self.tokens: list[int] = []
         self.forwards = 0
+        self.min_rows = 1
         self.device = next(model.parameters()).device
         self.keeps_hidden = False
         self._hidden: Tensor | None = None  # (capacity, H) float32; rows beyond len(tokens) are stale
@@ -124,13 +130,15 @@ class CachedModel:
         must then be brought back to committed tokens (`keep`).
         """
         start = len(self.tokens)
-        step = (self.step_model is not None and len(ids) == 1 and start >= 2 and not model_kwargs
+        spare = 0 if model_kwargs else max(self.min_rows - len(ids), 0)  # a tree's rows come with their own mask
+        step = (self.step_model is not None and len(ids) == 1 and not spare and start >= 2 and not model_kwargs
                 and not self.keeps_hidden)
         if self.keeps_hidden:
             model_kwargs["output_hidden_states"] = True
+        fed = ids + ids[-1:] * spare
         if "position_ids" not in model_kwargs:
-            model_kwargs["position_ids"] = torch.arange(start, start + len(ids), device=self.device)[None]
-        input_ids = torch.tensor([ids], dtype=torch.long, device=self.device)
+            model_kwargs["position_ids"] = torch.arange(start, start + len(fed), device=self.device)[None]
+        input_ids = torch.tensor([fed], dtype=torch.long, device=self.device)
         try:
             prefill = self.prefill_model is not None and len(ids) >= self.prefill_from
             model = self.step_model if step and self.step_model is not None else (
@@ -138,16 +146,18 @@ class CachedModel:
             if self.prefill_model is not None:  # two dtypes may share this cache
                 self._cache_in((self.prefill_model if prefill else self.model).dtype)
             with torch.inference_mode() if step else contextlib.nullcontext():  # the graph was compiled for it
-                out = model(input_ids=input_ids, past_key_values=self.cache, use_cache=True, logits_to_keep=keep,
-                            **model_kwargs)
+                out = model(input_ids=input_ids, past_key_values=self.cache, use_cache=True,
+                            logits_to_keep=keep + spare, **model_kwargs)
+            if spare:
+                crop(self.cache, start + len(ids))
         except BaseException:  # e.g. Ctrl-C: some layers may hold the new tokens and others not
             self.cache, self.tokens = DynamicCache(config=self.model.config), []
             raise
         if self.keeps_hidden:
-            self._store_hidden(start, out.hidden_states[-1][0])
+            self._store_hidden(start, out.hidden_states[-1][0, : len(ids)])
         self.tokens.extend(ids)
         self.forwards += 1
-        logits = out.logits[0, -keep:]
+        logits = out.logits[0, -keep - spare:][:keep]
         return logits if logits.dtype == torch.float64 else logits.float()
 
     def _store_hidden(self, start: int, rows: Tensor) -> None:
@@ -180,7 +190,7 @@ class CachedModel:
         took. `workers`: inductor's parallel compile processes (None: its default).
         """
         if is_prepacked(self.model):
-            raise ValueError("its float32 weights are oneDNN-prepacked, which torch.compile cannot lower")
+            raise ValueError("its weights are oneDNN-prepacked, which torch.compile cannot lower")
         started = time.perf_counter()
         step = torch.compile(self.model, dynamic=True)
         scratch = CachedModel(self.model)
@@ -216,6 +226,8 @@ class CachedModel:
         (`tree_attention(parents)`) at position len(seq) - 1 + depth. The cache then holds the tree's rows after `seq`:
         `keep` the accepted ones.
         """
+        if not tree:  # a plain forward: it takes `min_rows` as a step does
+            return self.extend(seq)
         sees, depth = tree_attention(parents)
         if len(seq) + (int(depth.max()) if len(tree) else 0) > self.max_length:
             raise ValueError(f"{len(seq)} tokens and a tree draft exceed the model's context of {self.max_length}")

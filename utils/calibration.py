@@ -20,8 +20,10 @@ from pathlib import Path
 import torch
 
 from sampling.settings import CALIBRATED, StrategySettings
+from utils import invariance
 from utils.caching import CachedModel
 from utils.devices import cpu_flags, cpu_model
+from utils.invariance import Invariance
 
 WIDTHS = (1, 2, 3, 4, 5, 6, 8, 10, 12, 14, 16, 20)  # new tokens per timed target forward
 CONTEXT = 128  # cached tokens when the forwards are timed: a short chat turn
@@ -29,6 +31,7 @@ ACCEPTANCE = 0.9  # a draft the drafter is sure of is accepted this often (the r
 TREE_SLACK = 1.05  # the verify width grows past the chain while a forward costs at most this much more
 MAX_GAMMA = 16
 SCHEMA = 2  # 2: "date" (was "measured")
+PROBE_SCHEMA = 1  # the row-invariance record (utils/invariance.py); raised when the probe or the paths change
 
 
 def time_forward(lm: CachedModel, context: list[int], new: list[int], repeats: int) -> float:
@@ -109,9 +112,10 @@ def machine_key(target: str, target_format: str, drafter: str | None, drafter_fo
             "drafter": drafter, "drafter_format": drafter_format}
 
 
-def key_file(cache_dir: Path, key: dict) -> Path:
+def key_file(cache_dir: Path, key: dict, kind: str = "") -> Path:
+    """Where the record of `kind` ("": the timings, "invariance": the probe) for `key` is kept."""
     digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
-    return cache_dir / "calibration" / f"{digest}.json"
+    return cache_dir / "calibration" / f"{digest}{'.' + kind if kind else ''}.json"
 
 
 def measure(target: CachedModel, drafter: CachedModel | None, key: dict, widths: tuple[int, ...] = WIDTHS,
@@ -139,9 +143,13 @@ def load(path: Path, key: dict) -> Calibration | None:
 
 
 def save(path: Path, calibration: Calibration) -> None:
+    _write(path, calibration.as_dict())
+
+
+def _write(path: Path, record: dict) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     partial = path.with_suffix(".tmp")
-    partial.write_text(json.dumps(calibration.as_dict(), indent=1) + "\n", encoding="utf-8")
+    partial.write_text(json.dumps(record, indent=1) + "\n", encoding="utf-8")
     partial.replace(path)
 
 
@@ -158,6 +166,28 @@ def calibrate(cache_dir: Path, target: CachedModel, drafter: CachedModel | None,
     except OSError:  # a read-only cache dir: the timings still serve this run
         pass
     return calibration, True
+
+
+def probe(cache_dir: Path, target: CachedModel, key: dict, again: bool = False) -> tuple[Invariance, bool]:
+    """The target's row-invariance record for `key` (kept, or probed now and kept), its path applied to `target`;
+    True when it was probed now. A kept record whose path this model cannot take is probed again."""
+    path = key_file(cache_dir, key, "invariance")
+    kept = None
+    if not again:
+        try:
+            data = json.loads(path.read_text(encoding="utf-8"))
+            if data.get("schema") == PROBE_SCHEMA and data.get("key") == key:
+                kept = Invariance.from_dict(data["invariance"])
+        except (OSError, ValueError, KeyError, TypeError, AttributeError):
+            kept = None
+    if kept is not None and invariance.apply(target, kept.path):
+        return kept, False
+    found = invariance.probe(target)
+    try:
+        _write(path, {"schema": PROBE_SCHEMA, "key": key, "invariance": found.as_dict()})
+    except OSError:  # a read-only cache dir: the record still serves this run
+        pass
+    return found, True
 
 
 def expected_tokens(gamma: int, acceptance: float = ACCEPTANCE) -> float:

@@ -96,8 +96,11 @@ def load_model(
         dense = copy.deepcopy(model).to(compute_dtype) if keep_dense else None  # type: ignore[arg-type]  # as above
         quantize_weights(model, quantize)
     for weights in (model, dense) if quantize in ("none", "q4k") else (dense,):
-        if weights is not None and torch_dtype == torch.float32 and torch_device.type == "cpu" and prepack_available():
-            prepack(weights)  # the same float32 weights, in oneDNN's layout: a verify of a few tokens costs about one
+        # the same weights in oneDNN's layout: a verify of a few tokens costs about one step; bfloat16 ones only for
+        # the model itself (a drafter's bfloat16 prefill copy keeps F.linear, timed for prompts)
+        packs = torch_dtype == torch.float32 or (torch_dtype == torch.bfloat16 and weights is model)
+        if weights is not None and packs and torch_device.type == "cpu" and prepack_available(torch_dtype):
+            prepack(weights)
     return LoadedModel(model=model, tokenizer=tokenizer, name=source.name, source=source.location, quantize=quantize,
                        dense=dense)
 

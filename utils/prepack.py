@@ -1,11 +1,12 @@
-"""Float32 linear layers with their weights prepacked by oneDNN, one small module per layer.
+"""Linear layers with their weights prepacked by oneDNN, one small module per layer: float32 on any CPU, bfloat16
+where oneDNN has native bf16 kernels (AVX512-BF16, AMX, AVX-NE-CONVERT).
 
 Through `F.linear` (plain layout), a float32 matmul of a few rows costs about as many one-row matmuls on a CPU
 without native bf16, so a verify of 8 tokens costs several decode steps. Reordered once into oneDNN's blocked layout
-(what inductor's freezing emits for CPU linears), the same weights serve 1-14 rows for little more than one, and each
-row's result is the same bits whatever the number of rows (speculative verifies round as autoregressive steps do).
-torch's mkldnn ops are called directly: no maintained library packs float32 weights for CPU GEMMs. Measured costs:
-docs/formats.md.
+(what inductor's freezing emits for CPU linears), the same weights serve 1-14 rows for little more than one, and a
+row's result is the same bits among 2..14 rows (where a lone row is computed otherwise, `utils.invariance` has the
+steps run as two rows). torch's mkldnn ops are called directly: no maintained library packs weights for CPU GEMMs.
+Measured costs: docs/formats.md.
 """
 
 from __future__ import annotations
@@ -18,20 +19,24 @@ from utils.layers import replace_layers
 PACK_ROWS = 14  # the row count oneDNN tunes the packed layout for: a verify's size
 
 
-def available() -> bool:
-    return torch.backends.mkldnn.is_available()
+def available(dtype: torch.dtype = torch.float32) -> bool:
+    """Whether weights of `dtype` can be prepacked here."""
+    if not torch.backends.mkldnn.is_available():
+        return False
+    return dtype == torch.float32 or (dtype == torch.bfloat16 and torch.ops.mkldnn._is_mkldnn_bf16_supported())
 
 
 class PackedLinear(nn.Module):
-    """`linear` with its float32 weight in oneDNN's blocked layout; inputs and output stay float32."""
+    """`linear` with its float32 or bfloat16 weight in oneDNN's blocked layout; inputs and output keep that dtype."""
 
     packed: Tensor  # a buffer (register_buffer)
 
     def __init__(self, linear: nn.Linear, rows: int = PACK_ROWS):
         super().__init__()
         weight = linear.weight.detach()
-        if weight.device.type != "cpu" or weight.dtype != torch.float32:
-            raise ValueError(f"prepacked weights are float32 on a CPU, not {weight.dtype} on {weight.device}")
+        if weight.device.type != "cpu" or not available(weight.dtype):
+            raise ValueError(f"weights of {weight.dtype} on {weight.device} cannot be prepacked here (float32 on a "
+                             "CPU; bfloat16 where oneDNN has native bf16 kernels)")
         self.in_features, self.out_features = linear.in_features, linear.out_features
         self.register_buffer("packed", torch.ops.mkldnn._reorder_linear_weight(weight, rows))
         self.bias = linear.bias
@@ -46,9 +51,10 @@ class PackedLinear(nn.Module):
 
     def unpacked(self) -> nn.Linear:
         """A plain `nn.Linear` with the same weights."""
-        plain = nn.Linear(self.in_features, self.out_features, bias=self.bias is not None)
+        weight = self.dense_weight()
+        plain = nn.Linear(self.in_features, self.out_features, bias=self.bias is not None, dtype=weight.dtype)
         with torch.no_grad():
-            plain.weight.copy_(self.dense_weight())
+            plain.weight.copy_(weight)
             if self.bias is not None:
                 plain.bias.copy_(self.bias)
         return plain
@@ -65,13 +71,14 @@ def is_prepacked(model: nn.Module) -> bool:
 
 
 def prepack(model: nn.Module) -> int:
-    """Replace, in place, every float32 CPU linear layer by a `PackedLinear`; how many were replaced."""
+    """Replace, in place, every CPU linear layer whose weights can be prepacked here (`available`) by a
+    `PackedLinear`; how many were replaced."""
     if not available():
-        raise ValueError("this torch build has no oneDNN (mkldnn): float32 weights cannot be prepacked")
+        raise ValueError("this torch build has no oneDNN (mkldnn): weights cannot be prepacked")
 
     def packed(linear: nn.Linear) -> PackedLinear | None:
         weight = linear.weight
-        return PackedLinear(linear) if weight.dtype == torch.float32 and weight.device.type == "cpu" else None
+        return PackedLinear(linear) if weight.device.type == "cpu" and available(weight.dtype) else None
 
     return replace_layers(model, nn.Linear, packed)[0]
 
