@@ -441,9 +441,8 @@ def main(argv: list[str] | None = None) -> int:
     except (OSError, ValueError) as error:
         print(f"error: {error}", file=sys.stderr)
         return USAGE_EXIT
-    out.mkdir(parents=True, exist_ok=True)
     try:
-        with exclusive(out, wait=False):
+        with exclusive(out, wait=False):  # made if absent
             return run(args, prompts, budget, argv)
     except Busy:
         print(f"error: another train_head.py run is using {out}: wait for it to end, or choose another --out",

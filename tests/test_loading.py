@@ -9,6 +9,9 @@ import hashlib
 import json
 import shutil
 import socket
+import subprocess
+import sys
+import time
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -28,6 +31,8 @@ from utils.presets import EMBEDDED, PRESETS, EmbeddedModel, ModelLoadError, Pres
 from utils.q4k import Q4KLinear
 from utils.quantize import resolve_quantize
 from utils.vocab import check_same_vocab, end_token_ids
+
+REPO = Path(__file__).resolve().parent.parent
 
 # ---------------------------------------------------------------------------------------------
 # Tiny models
@@ -413,6 +418,53 @@ def test_marker_for_another_gguf_forces_a_rebuild(tmp_path):
 
     assert len(calls) == 2
     assert is_complete(layout, "new-sha") and not is_complete(layout, "old-sha")
+
+
+BUILDER = """
+import sys, time
+from pathlib import Path
+from utils.model_cache import CacheLayout, build_cache
+
+root, name = Path(sys.argv[1]), sys.argv[2]
+
+def write(temp_dir):
+    (root / f"{name}-converting").touch()
+    deadline = time.monotonic() + 60
+    while not (root / "go").exists() and time.monotonic() < deadline:  # held until the test lets it finish
+        time.sleep(0.05)
+    (temp_dir / "config.json").write_text(name)
+
+print(build_cache(CacheLayout(root / "cache" / "model"), "abc", write))
+"""
+
+
+def wait_for(condition, what: str, timeout: float = 60) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, f"no {what} within {timeout} s"
+        time.sleep(0.05)
+
+
+def test_a_second_process_converting_into_one_cache_waits_and_takes_the_first_ones_copy(tmp_path):
+    """Bug: two starts converting into one empty cache: the second failed with "Directory not empty ... Fix: free some
+    disk space" (or read the GGUF the first was deleting). Now it waits on the lock, says so once, and uses the
+    first one's finished copy."""
+    def start(name: str) -> subprocess.Popen:
+        return subprocess.Popen([sys.executable, "-c", BUILDER, str(tmp_path), name], cwd=REPO, text=True,
+                                stdout=subprocess.PIPE, stderr=(tmp_path / f"{name}.err").open("w"))
+
+    first = start("first")
+    wait_for(lambda: (tmp_path / "first-converting").exists(), "conversion by the first process")
+    second = start("second")
+    wait_for(lambda: "waiting for another process" in (tmp_path / "second.err").read_text(), "waiting notice")
+    (tmp_path / "go").touch()
+    outputs = [process.communicate(timeout=120)[0] for process in (first, second)]
+    assert [first.returncode, second.returncode] == [0, 0]
+    layout = CacheLayout(tmp_path / "cache" / "model")
+    assert outputs == [f"{layout.hf_dir}\n"] * 2
+    assert not (tmp_path / "second-converting").exists()  # it took the first one's copy
+    assert (layout.hf_dir / "config.json").read_text() == "first" and is_complete(layout, "abc")
+    assert (tmp_path / "second.err").read_text() == f"waiting for another process converting into {layout.root} ...\n"
 
 
 def test_gguf_path_is_converted_once_and_cached_by_sha(tmp_path, monkeypatch):

