@@ -288,6 +288,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.calibrate:  # the chat's defaults on this machine: the drafting settings its timed forwards call for
         tuning = tune(cache_dir, target_lm, drafter_lm, pair_key(pair), settings, args.decoding.explicit)
         settings, calibration = tuning.settings, tuning.calibration
+        if tuning.damaged:
+            print(f"warning: {tuning.damaged}", file=sys.stderr)
         print(f"calibration ({'measured now' if tuning.measured else 'kept'}): " + "; ".join(tuning.choice.reasons),
               file=sys.stderr)
     compiled = compile_drafter(drafter_lm, args.compile if args.compile is not None else (

@@ -281,6 +281,8 @@ def calibrate_session(session, pair, cache_dir: Path | None, errors: Console, qu
     status = contextlib.nullcontext() if quiet else errors.status("timing this machine's forwards (once) …")
     with status:
         tuning = session.calibrate(cache_dir or default_cache_dir(), key)
+    if tuning.damaged:
+        errors.print(tuning.damaged, style="yellow", markup=False, soft_wrap=True)
     if tuning.measured and not quiet:
         errors.print(f"calibrated in {tuning.calibration.seconds:.0f} s: "
                      f"{tuning.summary(session.settings.strategy)}", style="dim", markup=False)

@@ -1,11 +1,23 @@
 """utils.calibration: timed forwards kept per machine, and the drafting settings derived from them."""
 
+import json
+
 import pytest
 import torch
 
 from sampling.settings import StrategySettings
 from utils.caching import CachedModel
-from utils.calibration import Calibration, calibrate, choose, expected_tokens, key_file, machine_key, measure
+from utils.calibration import (
+    Calibration,
+    calibrate,
+    choose,
+    expected_tokens,
+    key_file,
+    load,
+    machine_key,
+    measure,
+    tune,
+)
 
 
 def calibration(target_ms: dict[int, float], drafter_ms: float | None = 10.0) -> Calibration:
@@ -84,18 +96,18 @@ def test_calibrate_keeps_the_timings_per_key_and_measures_again_when_asked(tiny_
     monkeypatch.setattr(calibration_module, "WIDTHS", (1, 2))
     monkeypatch.setattr(calibration_module, "CONTEXT", 8)
     key = machine_key("tiny", "float32", "tinier", "float32", torch.device("cpu"))
-    first, measured = calibrate(tmp_path, target, drafter, key)
-    assert measured and key_file(tmp_path, key).exists()
-    again, measured = calibrate(tmp_path, target, drafter, key)
+    first, measured, damaged = calibrate(tmp_path, target, drafter, key)
+    assert measured and damaged is None and key_file(tmp_path, key).exists()
+    again, measured, _ = calibrate(tmp_path, target, drafter, key)
     assert not measured and again == first
     other = {**key, "target_format": "prepacked"}
-    _, measured = calibrate(tmp_path, target, drafter, other)
+    _, measured, _ = calibrate(tmp_path, target, drafter, other)
     assert measured and key_file(tmp_path, other) != key_file(tmp_path, key)
-    _, measured = calibrate(tmp_path, target, drafter, key, again=True)
+    _, measured, _ = calibrate(tmp_path, target, drafter, key, again=True)
     assert measured
     key_file(tmp_path, key).write_text("{not json")  # a damaged file is measured anew, not an error
-    _, measured = calibrate(tmp_path, target, drafter, key)
-    assert measured
+    _, measured, damaged = calibrate(tmp_path, target, drafter, key)
+    assert measured and "unreadable" in damaged
 
 
 def test_the_machine_key_names_the_cpu_torch_models_formats_and_threads():
@@ -104,3 +116,38 @@ def test_the_machine_key_names_the_cpu_torch_models_formats_and_threads():
     assert ((key["target"], key["target_format"], key["drafter"], key["drafter_format"])
             == ("t", "bfloat16", "d", "int4"))
     assert isinstance(key["cpu_flags"], list) and key["hardware"]
+
+
+@pytest.mark.parametrize("field, value", [
+    ("target_ms", {"1": 100.0, "1000000000": 200.0}),  # the settings search walked to it: hung past 120 s
+    ("target_ms", {"1": 0, "2": 120.0}),  # ZeroDivisionError
+    ("drafter_ms", "abc"),  # TypeError
+    ("target_ms", {}),  # KeyError
+    ("target_ms", {"1": 100.0}),  # no wider forward: max() of nothing
+    ("target_ms", {"1": float("nan"), "2": 120.0}),
+    ("target_ms", {"1": 100.0, "-5": 120.0}),
+    ("target_ms", {"1": 100.0, "0": 120.0}),
+    ("target_ms", {"1": 1e300, "2": 1e300}),  # SettingError from the settings it called for
+    ("target_ms", {"1": 1e-300, "2": 1e-300}),
+    ("drafter_ms", -5.0),  # was shown: "drafter step -5 ms"
+    ("target_ms", [100.0, 120.0]),
+])
+def test_a_kept_file_with_a_bad_value_is_timed_again_with_one_line_saying_so(tiny_pair, tmp_path, monkeypatch,
+                                                                             field, value):
+    """Regression: these values crashed or hung every start, even with every drafting setting on the command line."""
+    import utils.calibration as calibration_module
+
+    target, drafter = tiny_pair
+    monkeypatch.setattr(calibration_module, "WIDTHS", (1, 2))
+    monkeypatch.setattr(calibration_module, "CONTEXT", 8)
+    key = machine_key("tiny", "float32", "tinier", "float32", torch.device("cpu"))
+    calibrate(tmp_path, target, drafter, key)
+    path = key_file(tmp_path, key)
+    data = json.loads(path.read_text())
+    data[field] = value
+    path.write_text(json.dumps(data))
+    kept, damaged = load(path, key)
+    assert kept is None and str(path) in damaged and "timed again" in damaged
+    tuning = tune(tmp_path, target, drafter, key, StrategySettings())
+    assert tuning.measured and tuning.damaged == damaged
+    assert tuning.calibration.drafter_ms > 0 and all(ms > 0 for ms in tuning.calibration.target_ms.values())

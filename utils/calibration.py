@@ -12,6 +12,7 @@ from __future__ import annotations
 import datetime
 import hashlib
 import json
+import math
 import statistics
 import time
 from dataclasses import asdict, dataclass, replace
@@ -23,6 +24,7 @@ from sampling.settings import CALIBRATED, StrategySettings
 from utils import invariance
 from utils.caching import CachedModel
 from utils.devices import cpu_flags, cpu_model
+from utils.errors import one_line
 from utils.invariance import Invariance
 
 WIDTHS = (1, 2, 3, 4, 5, 6, 8, 10, 12, 14, 16, 20)  # new tokens per timed target forward
@@ -84,9 +86,26 @@ class Calibration:
 
     @classmethod
     def from_dict(cls, data: dict) -> Calibration:
-        return cls(key=data["key"], target_ms={int(k): float(v) for k, v in data["target_ms"].items()},
-                   drafter_ms=data["drafter_ms"], context=data["context"], seconds=data["seconds"],
-                   date=data["date"])
+        """The calibration a kept file holds; ValueError (or KeyError, TypeError) if a value is out of its bounds."""
+        target_ms = {int(k): _milliseconds(f"target_ms[{k!r}]", v) for k, v in data["target_ms"].items()}
+        if 1 not in target_ms or len(target_ms) < 2 or not all(1 <= width <= MAX_WIDTH for width in target_ms):
+            raise ValueError(f"target_ms must time 1 new token and wider forwards up to {MAX_WIDTH}, not "
+                             f"{sorted(target_ms)}")
+        drafter_ms = None if data["drafter_ms"] is None else _milliseconds("drafter_ms", data["drafter_ms"])
+        return cls(key=data["key"], target_ms=target_ms, drafter_ms=drafter_ms, context=int(data["context"]),
+                   seconds=float(data["seconds"]), date=str(data["date"]))
+
+
+MAX_WIDTH = 64  # the widest forward a kept file may hold a timing for
+MS_BOUNDS = (1e-3, 1e7)  # a forward's milliseconds: from a microsecond to hours
+
+
+def _milliseconds(name: str, value) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise TypeError(f"{name} must be a number, not {value!r}")
+    if not (math.isfinite(value) and MS_BOUNDS[0] <= value <= MS_BOUNDS[1]):
+        raise ValueError(f"{name} must be from {MS_BOUNDS[0]:g} to {MS_BOUNDS[1]:g} ms, not {value!r}")
+    return float(value)
 
 
 @dataclass(frozen=True)
@@ -132,14 +151,21 @@ def measure(target: CachedModel, drafter: CachedModel | None, key: dict, widths:
                        datetime.datetime.now().astimezone().isoformat(timespec="seconds"))
 
 
-def load(path: Path, key: dict) -> Calibration | None:
-    """The calibration kept at `path` if it was measured for `key`; None if there is none or it is unreadable."""
+def load(path: Path, key: dict) -> tuple[Calibration | None, str | None]:
+    """The calibration kept at `path` if it was measured for `key` (else None), and what was wrong with the file if
+    one is there but cannot serve (None: it serves, or there is none)."""
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
-        calibration = Calibration.from_dict(data)
-    except (OSError, ValueError, KeyError, TypeError):
-        return None
-    return calibration if data.get("schema") == SCHEMA and calibration.key == key else None
+    except FileNotFoundError:
+        return None, None
+    except (OSError, ValueError) as error:
+        return None, f"the kept timings in {path} are unreadable ({type(error).__name__}): timed again"
+    if not isinstance(data, dict) or data.get("schema") != SCHEMA or data.get("key") != key:
+        return None, None  # another version's file: replaced without a word
+    try:
+        return Calibration.from_dict(data), None
+    except (ValueError, KeyError, TypeError, AttributeError) as error:
+        return None, f"the kept timings in {path} are unusable ({one_line(error)}): timed again"
 
 
 def save(path: Path, calibration: Calibration) -> None:
@@ -154,18 +180,19 @@ def _write(path: Path, record: dict) -> None:
 
 
 def calibrate(cache_dir: Path, target: CachedModel, drafter: CachedModel | None, key: dict,
-              again: bool = False) -> tuple[Calibration, bool]:
-    """The kept calibration for `key`, or a new one measured now and kept; True when it was measured now."""
+              again: bool = False) -> tuple[Calibration, bool, str | None]:
+    """The kept calibration for `key`, or a new one measured now and kept; True when it was measured now; and what
+    was wrong with a kept file that could not serve (it is measured anew, never an error)."""
     path = key_file(cache_dir, key)
-    kept = None if again else load(path, key)
+    kept, damaged = (None, None) if again else load(path, key)
     if kept is not None:
-        return kept, False
+        return kept, False, None
     calibration = measure(target, drafter, key)
     try:
         save(path, calibration)
     except OSError:  # a read-only cache dir: the timings still serve this run
         pass
-    return calibration, True
+    return calibration, True, damaged
 
 
 def probe(cache_dir: Path, target: CachedModel, key: dict, again: bool = False) -> tuple[Invariance, bool]:
@@ -248,6 +275,7 @@ class Tuning:
     measured: bool  # timed now (False: the timings kept for this machine were read)
     kept: tuple[str, ...]  # calibrated settings the user had chosen, left as they were
     settings: StrategySettings
+    damaged: str | None = None  # what was wrong with the kept timings that were replaced
 
     def summary(self, settings: StrategySettings | None = None) -> str:
         s = settings or self.settings
@@ -260,7 +288,8 @@ class Tuning:
 def tune(cache_dir: Path, target: CachedModel, drafter: CachedModel | None, key: dict, settings: StrategySettings,
          keep: frozenset[str] = frozenset(), again: bool = False) -> Tuning:
     """`settings` with the calibrated ones this machine's timings call for, but those in `keep` (the user's)."""
-    calibration, measured = calibrate(cache_dir, target, drafter, key, again=again)
+    calibration, measured, damaged = calibrate(cache_dir, target, drafter, key, again=again)
     choice = choose(calibration, settings)
     chosen = {name: getattr(choice.settings, name) for name in CALIBRATED if name not in keep}
-    return Tuning(choice, calibration, measured, tuple(sorted(keep & set(CALIBRATED))), replace(settings, **chosen))
+    return Tuning(choice, calibration, measured, tuple(sorted(keep & set(CALIBRATED))), replace(settings, **chosen),
+                  damaged)
