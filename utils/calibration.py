@@ -25,6 +25,7 @@ from utils import invariance
 from utils.caching import CachedModel
 from utils.devices import cpu_flags, cpu_model
 from utils.errors import one_line
+from utils.files import write_atomically
 from utils.invariance import Invariance
 
 WIDTHS = (1, 2, 3, 4, 5, 6, 8, 10, 12, 14, 16, 20)  # new tokens per timed target forward
@@ -174,9 +175,7 @@ def save(path: Path, calibration: Calibration) -> None:
 
 def _write(path: Path, record: dict) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
-    partial = path.with_suffix(".tmp")
-    partial.write_text(json.dumps(record, indent=1) + "\n", encoding="utf-8")
-    partial.replace(path)
+    write_atomically(path, lambda partial: partial.write_text(json.dumps(record, indent=1) + "\n", encoding="utf-8"))
 
 
 def calibrate(cache_dir: Path, target: CachedModel, drafter: CachedModel | None, key: dict,
