@@ -175,7 +175,12 @@ def save(path: Path, calibration: Calibration) -> None:
 
 def _write(path: Path, record: dict) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
-    write_atomically(path, lambda partial: partial.write_text(json.dumps(record, indent=1) + "\n", encoding="utf-8"))
+    text = json.dumps(record, indent=1) + "\n"
+
+    def write(partial: Path) -> None:
+        partial.write_text(text, encoding="utf-8")
+
+    write_atomically(path, write)
 
 
 def calibrate(cache_dir: Path, target: CachedModel, drafter: CachedModel | None, key: dict,
