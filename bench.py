@@ -14,16 +14,10 @@ import sys
 
 INTERRUPTED_EXIT = 130
 
-if __name__ == "__main__":
-    # The script imports itself as a module under this handler: a Ctrl-C while the imports load (seconds, on a cold
-    # start) or during the run ends it with one line, not a traceback (infer.py does the same).
-    try:
-        import bench
+if __name__ == "__main__":  # before the imports below: a Ctrl-C while they load ends it in one line too
+    from app.startup import guarded_main
 
-        sys.exit(bench.main())
-    except KeyboardInterrupt:
-        sys.stderr.write("interrupted\n")
-        sys.exit(INTERRUPTED_EXIT)
+    guarded_main("bench")
 
 import argparse
 import datetime
@@ -32,13 +26,7 @@ from dataclasses import asdict, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-# Only what the flags need: torch and transformers are imported once the flags are checked (main), so that a bad flag
-# is refused at once, not after seconds of imports.
-from benchmarks.names import HF_BASELINES, LLAMACPP, REFERENCE
-from benchmarks.prompts import DEFAULT_PROMPTS, Prompt, load_prompts
-from sampling.settings import NEEDS_DRAFTER, NEEDS_HEAD, STRATEGIES
-from utils.checks import SettingError, integer
-from utils.flags import (
+from app.flags import (
     FlagError,
     ModelChoice,
     add_decoding_flags,
@@ -47,13 +35,20 @@ from utils.flags import (
     decoding,
     model_choice,
 )
+
+# Only what the flags need: torch and transformers are imported once the flags are checked (main), so that a bad flag
+# is refused at once, not after seconds of imports.
+from benchmarks.names import HF_BASELINES, LLAMACPP, REFERENCE
+from benchmarks.prompts import DEFAULT_PROMPTS, Prompt, load_prompts
+from models.presets import EMBEDDED, ModelLoadError, default_cache_dir, resolve_preset
+from sampling.settings import NEEDS_DRAFTER, NEEDS_HEAD, STRATEGIES
+from utils.checks import SettingError, integer
 from utils.paths import output_dir_problem
-from utils.presets import EMBEDDED, ModelLoadError, default_cache_dir, resolve_preset
 
 if TYPE_CHECKING:
     from benchmarks.llamacpp import LlamaCpp
+    from models.loading import LoadedPair
     from utils.caching import CachedModel
-    from utils.loading import LoadedPair
 
 NOT_BY_DEFAULT = ("drafter", "beam")  # not speculative methods: measured only when asked for
 UNIVERSAL_DRAFTER = "smollm2-135m"
@@ -198,7 +193,7 @@ def llamacpp_contestant(name: str, pair: LoadedPair, args: argparse.Namespace) -
     import torch
 
     from benchmarks.llamacpp import LlamaCpp, binary, missing_reason
-    from utils.model_cache import embedded_gguf
+    from models.store import embedded_gguf
 
     cache_dir = args.cache_dir or default_cache_dir()
     reason = missing_reason(cache_dir, name)
@@ -238,18 +233,17 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     import torch
 
+    from app.calibration import pair_key, probe, tune
+    from app.startup import compiles_by_default, load
     from benchmarks.contestants import OurStrategy
     from benchmarks.costs import measure_costs
     from benchmarks.hf_baselines import build_hf_baselines, sampling_kwargs, sklearn_available
     from benchmarks.prompts import chat_ids, count_by_category
     from benchmarks.report import machine_description, markdown, plot, print_tables, summarize, write_json
     from benchmarks.runner import Checkpoint, CheckpointMismatch, Encoder, RunSettings, run_benchmark
+    from models.loading import load_model
     from sampling.registry import build_strategy
     from utils.caching import CachedModel
-    from utils.calibration import pair_key, probe, tune
-    from utils.heads import load_heads
-    from utils.loading import load_model, load_pair
-    from utils.prepack import is_prepacked
 
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -260,16 +254,12 @@ def main(argv: list[str] | None = None) -> int:
     hf = [n for n in others if n in HF_BASELINES]
     choice, universal_spec = model_specs(args)
     try:
-        pair = load_pair(choice.target, choice.drafter, device=choice.device, dtype=args.dtype,
-                         target_quantize=choice.target_quantize, drafter_quantize=choice.drafter_quantize,
-                         trust_remote_code=args.trust_remote_code, cache_dir=args.cache_dir, verify=args.verify,
-                         progress=not args.no_progress)
+        pair, heads = load(args, choice, progress=not args.no_progress)
         universal = None
         if "hf_universal" in hf and universal_spec:
             universal = load_model(universal_spec, device=choice.device, dtype=args.dtype,
                                    trust_remote_code=args.trust_remote_code, cache_dir=args.cache_dir,
                                    progress=not args.no_progress)
-        heads = load_heads(args.head, pair.target.name, pair.target.model)
     except ModelLoadError as error:
         print(f"error: {error}", file=sys.stderr)
         return 1
@@ -292,8 +282,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"warning: {tuning.damaged}", file=sys.stderr)
         print(f"calibration ({'measured now' if tuning.measured else 'kept'}): " + "; ".join(tuning.choice.reasons),
               file=sys.stderr)
-    compiled = compile_drafter(drafter_lm, args.compile if args.compile is not None else (
-        device.type == "cpu" and drafter is not None and not is_prepacked(drafter.model)))
+    compiled = compile_drafter(drafter_lm, args.compile if args.compile is not None else compiles_by_default(pair))
     contestants, skipped = [], []
     for name in ours:
         if name in NEEDS_DRAFTER and drafter_lm is None:

@@ -14,16 +14,10 @@ import sys
 
 USAGE_EXIT, LOAD_EXIT, INTERRUPTED_EXIT = 2, 1, 130
 
-if __name__ == "__main__":
-    # The script imports itself as a module under this handler: a Ctrl-C while the imports below load (seconds, on a
-    # cold start) ends it like one anywhere else, not with a traceback.
-    try:
-        import infer
+if __name__ == "__main__":  # before the imports below: a Ctrl-C while they load ends it in one line too
+    from app.startup import guarded_main
 
-        sys.exit(infer.main())
-    except KeyboardInterrupt:
-        sys.stderr.write("interrupted\n")
-        sys.exit(INTERRUPTED_EXIT)
+    guarded_main("infer")
 
 import argparse
 import contextlib
@@ -31,9 +25,7 @@ from pathlib import Path
 
 from rich.console import Console
 
-from chat.undecodable import notice, replace_undecodable
-from sampling.settings import NEEDS_DRAFTER, NEEDS_HEAD, STRATEGIES
-from utils.flags import (
+from app.flags import (
     Decoding,
     FlagError,
     add_decoding_flags,
@@ -42,7 +34,9 @@ from utils.flags import (
     decoding,
     model_choice,
 )
-from utils.presets import default_cache_dir
+from chat.undecodable import notice, replace_undecodable
+from models.presets import default_cache_dir
+from sampling.settings import NEEDS_DRAFTER, NEEDS_HEAD, STRATEGIES
 
 DEFAULT_STRATEGIES = ("auto", "speculative", "autoregressive")  # eagle and medusa: /eagle, /medusa, --strategy
 DEFAULT_MAX_NEW_TOKENS = 256
@@ -203,13 +197,11 @@ def run(args: argparse.Namespace, chosen: Decoding, console: Console, errors: Co
         one_shot: bool, json_out) -> int:
     if not args.verbose:
         quiet_libraries()
+    from app.startup import compiles_by_default, load
     from chat.app import ChatApp
     from chat.oneshot import run_oneshot
     from chat.session import ChatSession, ModelInfo
-    from utils.heads import load_heads
-    from utils.loading import load_pair
-    from utils.prepack import is_prepacked
-    from utils.presets import ModelLoadError, resolve_preset
+    from models.presets import ModelLoadError, resolve_preset
 
     try:
         choice = model_choice(args, resolve_preset)
@@ -217,11 +209,7 @@ def run(args: argparse.Namespace, chosen: Decoding, console: Console, errors: Co
         if not one_shot:
             errors.print(f"loading {choice.target}" + (f" + {choice.drafter}" if choice.drafter else "") + " …",
                           style="dim", markup=False)
-        pair = load_pair(choice.target, choice.drafter, device=choice.device, dtype=args.dtype,
-                         target_quantize=choice.target_quantize, drafter_quantize=choice.drafter_quantize,
-                         trust_remote_code=args.trust_remote_code, cache_dir=args.cache_dir, verify=args.verify,
-                         progress=not args.json)
-        heads = load_heads(args.head, pair.target.name, pair.target.model)
+        pair, heads = load(args, choice, progress=not args.json)
         strategies = parse_strategies(args.strategy, choice.drafter is not None, frozenset(heads))
     except ModelLoadError as error:
         if args.verbose:
@@ -243,9 +231,7 @@ def run(args: argparse.Namespace, chosen: Decoding, console: Console, errors: Co
     probe_session(session, pair, args.cache_dir, errors, quiet=args.json)
     if args.calibrate:
         calibrate_session(session, pair, args.cache_dir, errors, quiet=args.json)
-    compile_drafter = args.compile if args.compile is not None else (
-        not one_shot and parameter.device.type == "cpu" and pair.drafter is not None
-        and not is_prepacked(pair.drafter.model))
+    compile_drafter = args.compile if args.compile is not None else not one_shot and compiles_by_default(pair)
     if compile_drafter and pair.drafter is not None:
         session.compile_drafter()
         if one_shot:  # one prompt: wait for the graph, or it would not be used
@@ -261,7 +247,7 @@ def run(args: argparse.Namespace, chosen: Decoding, console: Console, errors: Co
 
 def probe_session(session, pair, cache_dir: Path | None, errors: Console, quiet: bool) -> None:
     """The target's path on which a verify rounds as the one-token steps do (probed once per machine and models)."""
-    from utils.calibration import pair_key
+    from app.calibration import pair_key
 
     status = contextlib.nullcontext() if quiet else errors.status("checking that this machine verifies as it steps "
                                                                   "(once) …")
@@ -275,7 +261,7 @@ def probe_session(session, pair, cache_dir: Path | None, errors: Console, quiet:
 
 def calibrate_session(session, pair, cache_dir: Path | None, errors: Console, quiet: bool) -> None:
     """The drafting settings for this machine's measured costs (timed once per machine, models and formats)."""
-    from utils.calibration import pair_key
+    from app.calibration import pair_key
 
     key = pair_key(pair)
     status = contextlib.nullcontext() if quiet else errors.status("timing this machine's forwards (once) …")

@@ -20,17 +20,17 @@ import sys
 import torch
 from transformers import AutoModelForCausalLM
 
+from app.calibration import time_forward
+from benchmarks.accuracy import Agreement, next_token_logits, perplexity
 from benchmarks.prompts import DEFAULT_PROMPTS
-from utils import q4k
-from utils.accuracy import Agreement, next_token_logits, perplexity
+from models.formats import q4k
+from models.formats.int4 import to_int4
+from models.formats.int8 import to_int8
+from models.formats.prepack import prepack
+from models.loading import load_model
+from models.presets import EMBEDDED, default_cache_dir
+from models.store import embedded_gguf
 from utils.caching import CachedModel
-from utils.calibration import time_forward
-from utils.int4 import to_int4
-from utils.int8 import to_int8
-from utils.loading import load_model
-from utils.model_cache import embedded_gguf
-from utils.prepack import prepack
-from utils.presets import EMBEDDED, default_cache_dir
 
 TARGET = "qwen2.5-coder-1.5b"
 FORMATS = ("float32", "float32-prepacked", "bfloat16", "int8", "int4", "q4k")

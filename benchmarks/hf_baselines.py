@@ -25,16 +25,14 @@ from transformers.generation.streamers import BaseStreamer
 
 from benchmarks.contestants import Contestant
 from benchmarks.names import HF_BASELINES
+from models.formats.prepack import unpack
+from models.formats.quantize import activation_dtype, quantize_weights, resolve_quantize
+from models.presets import ModelLoadError
 from sampling.base import DecodeConfig, Result, Stats, clip
 from utils.logits_processor import LogitsProcessor
-from utils.prepack import unpack
-from utils.presets import ModelLoadError
-from utils.quantize import activation_dtype, quantize_weights, resolve_quantize
 
 ASSISTANT_SETTINGS = ("num_assistant_tokens", "num_assistant_tokens_schedule", "assistant_confidence_threshold")
-# HF's draft length with a quantized drafter: 8 was its best with int8 on this CPU; with the int4 drafter 8 and 12
-# measured the same (12 prompts interleaved, over HF's plain generate: median 1.72x / 1.80x, mean 1.94x / 1.95x), so
-# it gets 12, the cap our draft model has by default
+# HF's draft length with a quantized drafter: our draft model's default cap, as good as its best (docs/defaults.md)
 LOW_BIT_DRAFT_TOKENS = 12
 
 

@@ -18,8 +18,8 @@ import torch
 from benchmarks.analytic import alpha_from_counts, speedup_bound
 from benchmarks.costs import ForwardCosts
 from benchmarks.names import REFERENCE
+from models.devices import cpu_model
 from sampling.base import DRAFT_COUNTS, Stats
-from utils.devices import cpu_model
 from utils.errors import one_line
 
 HF_REFERENCE = "hf_generate"

@@ -8,7 +8,6 @@ answers with one line and the usage, so no command can end the session except /q
 from __future__ import annotations
 
 import difflib
-import inspect
 import json
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -20,19 +19,23 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from chat import setting_commands as set_
+from chat.arguments import (
+    SETTING_WORDS,
+    UsageError,
+    on_off,
+    parse_switch,
+    plural,
+    processor_forms,
+)
 from chat.render import comparison_table, describe_processor, detail_table, running, say, totals_table, turn_rows, warn
 from chat.session import ChatSession, ModelInfo
 from chat.transcript import transcript, transcript_markdown, write_file
 from chat.turn import Turn
 from sampling.settings import NEEDS_DRAFTER, NEEDS_HEAD, STORE_KINDS, STRATEGIES
 from utils.checks import SettingError
-from utils.logits_processor import PROCESSORS, LogitsProcessor
 
 FORCE = "--force"  # /save FILE --force: replace an existing file
-
-
-class UsageError(ValueError):
-    """A command's argument is wrong; the message says what is expected."""
 
 
 class Outcome(Enum):
@@ -60,110 +63,6 @@ class Command:
     help: str
     value: Callable[[Context], str] | None = None  # the current setting, shown by /help
     aliases: tuple[str, ...] = ()
-
-
-# ---------------------------------------------------------------------------------------------
-# Argument parsing
-
-
-# The settings' names in the words of the commands that set them, for the settings' own bound errors.
-SETTING_WORDS = {"max_new_tokens": "max new tokens", "ngram_n": "n-gram size", "ngram_kind": "store kind",
-                 "ngram_filler_top_k": "filler top-k", "lookup_max_ngram": "max n-gram",
-                 "lookup_min_ngram": "min n-gram",
-                 "draft_alternatives": "draft alternatives", "verify_width": "verify width",
-                 "draft_cumulative": "the cumulative threshold", "lookahead_window": "window W",
-                 "lookahead_ngram": "n-gram size N", "lookahead_candidates": "candidates G",
-                 "num_beams": "number of beams", "head_branch": "head branch"}
-
-
-def parse_int(text: str, what: str) -> int:
-    """An integer argument; its bounds are the settings' own (SettingError, worded by `dispatch`)."""
-    try:
-        return int(text)
-    except ValueError:
-        raise UsageError(f"{what} must be an integer, got {text!r}") from None
-
-
-def parse_float(text: str, what: str) -> float:
-    try:
-        return float(text)
-    except ValueError:
-        raise UsageError(f"{what} must be a number, got {text!r}") from None
-
-
-def parse_switch(text: str, current: bool) -> bool:
-    """on/off (and friends); no argument flips the current value."""
-    word = text.strip().lower()
-    if not word:
-        return not current
-    if word in ("on", "yes", "true", "1"):
-        return True
-    if word in ("off", "no", "false", "0"):
-        return False
-    raise UsageError(f"expected on or off, got {text!r}")
-
-
-def one_word(text: str) -> str:
-    if len(text.split()) > 1:
-        raise UsageError(f"expected one value, got {text!r}")
-    return text.strip()
-
-
-def on_off(flag: bool) -> str:
-    return "on" if flag else "off"
-
-
-def plural(count: int, noun: str) -> str:
-    return f"{count} {noun}" + ("" if count == 1 else "s")
-
-
-# ---------------------------------------------------------------------------------------------
-# Processors
-
-
-def _processor_params(cls: type[LogitsProcessor]) -> list[inspect.Parameter]:
-    return [p for p in inspect.signature(cls.__init__).parameters.values() if p.name != "self"]
-
-
-SHORT_NAMES = {"temperature": "T", "top_k": "K", "top_p": "P", "min_p": "MINP"}
-
-
-def processor_forms() -> str:
-    """greedy | multinomial [T] | topk [T [K]] | ...: each processor with its values in order."""
-    forms = []
-    for name, cls in PROCESSORS.items():
-        values = [SHORT_NAMES.get(p.name, p.name.upper()) for p in _processor_params(cls)]
-        forms.append(" ".join([name] + ([f"[{' '.join(values)}]"] if values else [])))
-    return " | ".join(forms)
-
-
-def parse_processor(text: str) -> LogitsProcessor:
-    """`NAME [VALUE ...] [key=value ...]`: values in the constructor's order, defaults for the rest."""
-    words = text.split()
-    name = words[0].lower()
-    if name not in PROCESSORS:
-        raise UsageError(f"unknown processor {words[0]!r}; choose from {', '.join(PROCESSORS)}")
-    cls = PROCESSORS[name]
-    params = {p.name: p for p in _processor_params(cls)}
-    positional = [w for w in words[1:] if "=" not in w]
-    if len(positional) > len(params):
-        expected = ", ".join(params) or "no values"
-        raise UsageError(f"{name} takes {expected}; got {len(positional)} values")
-    kwargs = {p: _number(w, params[p]) for p, w in zip(params, positional, strict=False)}
-    for word in (w for w in words[1:] if "=" in w):
-        key, _, value = word.partition("=")
-        key = key.lower().replace("-", "_")
-        if key not in params:
-            raise UsageError(f"{name} has no parameter {key!r}; it takes {', '.join(params) or 'none'}")
-        kwargs[key] = _number(value, params[key])
-    return cls(**kwargs)
-
-
-def _number(text: str, param: inspect.Parameter) -> float | int:
-    """A processor value as its parameter's type; the processor checks its bounds."""
-    if isinstance(param.default, int) and not isinstance(param.default, bool):
-        return parse_int(text, param.name)
-    return parse_float(text, param.name)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -230,34 +129,6 @@ def _compare(ctx: Context, arg: str) -> None:
     ctx.console.print(f"compare {on_off(ctx.compare)}; running: {_running(ctx)}")
 
 
-def _gamma(ctx: Context, arg: str) -> None:
-    gamma = parse_int(one_word(arg), "gamma")
-    ctx.session.update_strategy(gamma=gamma)
-    ctx.console.print(f"gamma (most tokens drafted per round) = {gamma}")
-
-
-def _length(ctx: Context, arg: str) -> None:
-    n = parse_int(one_word(arg), "max new tokens")
-    room = ctx.session.context_length
-    if n >= room:
-        raise UsageError(f"max new tokens must leave room for a prompt in the context of {room} tokens")
-    ctx.session.update(max_new_tokens=n)
-    ctx.console.print(f"max new tokens = {n}")
-
-
-def _processor(ctx: Context, arg: str) -> None:
-    if arg:
-        ctx.session.update(processor=parse_processor(arg))
-    ctx.console.print(f"processor: {describe_processor(ctx.session.settings.processor)}")
-
-
-def _seed(ctx: Context, arg: str) -> None:
-    word = one_word(arg).lower()
-    seed = None if word in ("random", "none") else parse_int(word, "seed")
-    ctx.session.update(seed=seed)
-    ctx.console.print(f"seed = {'random' if seed is None else seed}")
-
-
 def _chat(ctx: Context, arg: str) -> None:
     on = parse_switch(arg, ctx.session.settings.chat_template)
     if on and not ctx.session.has_template:
@@ -298,92 +169,6 @@ def _history(ctx: Context, arg: str) -> None:
 def _debug(ctx: Context, arg: str) -> None:
     ctx.debug = parse_switch(arg, ctx.debug)
     ctx.console.print(f"debug {on_off(ctx.debug)}")
-
-
-def _ngram_store(ctx: Context, arg: str) -> None:
-    words = arg.split()
-    if len(words) != 2:
-        raise UsageError("expected a kind and a size")
-    kind = words[0].lower()
-    n = parse_int(words[1], "n-gram size")
-    ctx.session.update_strategy(ngram_kind=kind, ngram_n=n)
-    ctx.console.print(f"n-gram store: {kind}, n = {n} (a fresh store)")
-
-
-def _filler(ctx: Context, arg: str) -> None:
-    k = parse_int(one_word(arg), "filler top-k")
-    ctx.session.update_strategy(ngram_filler_top_k=k)
-    ctx.console.print(f"n-gram filler top-k = {k}" + (" (off)" if k == 0 else ""))
-
-
-def _ngram_reset(ctx: Context, arg: str) -> None:
-    reset = parse_switch(arg, ctx.session.settings.strategy.ngram_reset_each_prompt)
-    ctx.session.update_strategy(ngram_reset_each_prompt=reset)
-    ctx.console.print("the n-gram store " + ("starts fresh each prompt" if reset else "persists across prompts"))
-
-
-def _lookup_ngram(ctx: Context, arg: str) -> None:
-    words = arg.split()
-    if len(words) not in (1, 2):
-        raise UsageError("expected MAX [MIN]")
-    high = parse_int(words[0], "max n-gram")
-    low = parse_int(words[1], "min n-gram") if len(words) == 2 else 1
-    ctx.session.update_strategy(lookup_max_ngram=high, lookup_min_ngram=low)
-    ctx.console.print(f"prompt lookup n-grams from {high} down to {low}")
-
-
-def _alternatives(ctx: Context, arg: str) -> None:
-    n = parse_int(one_word(arg), "draft alternatives")
-    ctx.session.update_strategy(draft_alternatives=n)
-    ctx.console.print(f"draft alternatives = {n}" + (" (a chain)" if n == 0 else
-                                                     f": the draft model's next {n} best tokens at each depth are "
-                                                     "verified too (greedy only)"))
-
-
-def _branch(ctx: Context, arg: str) -> None:
-    n = parse_int(one_word(arg), "head branch")
-    ctx.session.update_strategy(head_branch=n)
-    ctx.console.print(f"head branch = {n}" + (": eagle and medusa draft a chain" if n == 1 else
-                                              f": eagle and medusa keep each node's {n} likeliest children"))
-
-
-def _typical(ctx: Context, arg: str) -> None:
-    on = parse_switch(arg, ctx.session.settings.strategy.typical)
-    ctx.session.update_strategy(typical=on)
-    ctx.console.print("typical acceptance on for eagle and medusa when sampling: NOT lossless, the answer no longer "
-                      "follows the target's distribution" if on else "typical acceptance off: lossless verification")
-
-
-def _width(ctx: Context, arg: str) -> None:
-    n = parse_int(one_word(arg), "verify width")
-    ctx.session.update_strategy(verify_width=n)
-    ctx.console.print(f"verify width = {n}: a draft holds at most {n - 1} tokens with the draft model's alternatives "
-                      "or prompt lookup's other copies (the chain itself is capped by gamma)")
-
-
-def _cumulative(ctx: Context, arg: str) -> None:
-    p = parse_float(one_word(arg), "the cumulative threshold")
-    ctx.session.update_strategy(draft_cumulative=p)
-    ctx.console.print(f"draft cumulative threshold = {p:g}" + (": the draft model always drafts gamma tokens" if p == 0
-                      else ": the draft model stops once the product of its token probabilities falls below it"))
-
-
-def _lookahead_params(ctx: Context, arg: str) -> None:
-    words = arg.split()
-    if len(words) != 3:
-        raise UsageError("expected W N G")
-    window = parse_int(words[0], "window W")
-    ngram = parse_int(words[1], "n-gram size N")
-    candidates = parse_int(words[2], "candidates G")
-    ctx.session.update_strategy(lookahead_window=window, lookahead_ngram=ngram, lookahead_candidates=candidates)
-    ctx.console.print(f"lookahead: window W = {window}, n-gram size N = {ngram}, candidates G = {candidates} "
-                      f"(up to {(window + candidates) * (ngram - 1)} tokens per forward)")
-
-
-def _beams(ctx: Context, arg: str) -> None:
-    n = parse_int(one_word(arg), "number of beams")
-    ctx.session.update_strategy(num_beams=n)
-    ctx.console.print(f"beams = {n}")
 
 
 def _stats(ctx: Context, arg: str) -> None:
@@ -481,14 +266,14 @@ def build_commands(strategies: tuple[str, ...] = STRATEGIES) -> dict[str, Comman
         Command("compare", _compare, "/compare [on|off]",
                 "on: every prompt runs all enabled strategies and shows the comparison table; off: only the first",
                 lambda ctx: on_off(ctx.compare)),
-        Command("gamma", _gamma, "/gamma N", "the most tokens drafted per round (speculative, auto, ngram, lookup)",
+        Command("gamma", set_.gamma, "/gamma N", "the most tokens drafted per round (speculative, auto, ngram, lookup)",
                 lambda ctx: str(s(ctx).strategy.gamma)),
-        Command("length", _length, "/length N", "max new tokens per answer",
+        Command("length", set_.length, "/length N", "max new tokens per answer",
                 lambda ctx: str(s(ctx).max_new_tokens)),
-        Command("processor", _processor, "/processor NAME [VALUES]",
+        Command("processor", set_.processor, "/processor NAME [VALUES]",
                 f"sampling: {processor_forms()}; values in order or as key=value (top_p=0.9), defaults for the rest",
                 lambda ctx: describe_processor(s(ctx).processor)),
-        Command("seed", _seed, "/seed N|random", "sampling seed (same seed, same output)",
+        Command("seed", set_.seed, "/seed N|random", "sampling seed (same seed, same output)",
                 lambda ctx: "random" if s(ctx).seed is None else str(s(ctx).seed)),
         Command("chat", _chat, "/chat [on|off]", "chat template on, or raw completion of each prompt",
                 lambda ctx: on_off(ctx.session.uses_template)),
@@ -500,35 +285,36 @@ def build_commands(strategies: tuple[str, ...] = STRATEGIES) -> dict[str, Comman
         Command("debug", _debug, "/debug [on|off]",
                 "colour tokens: accepted drafts, rejected drafts (struck), the target's own",
                 lambda ctx: on_off(ctx.debug)),
-        Command("ngram-store", _ngram_store, f"/ngram-store {'|'.join(STORE_KINDS)} N",
+        Command("ngram-store", set_.ngram_store, f"/ngram-store {'|'.join(STORE_KINDS)} N",
                 "n-gram store kind and size n (contexts of n-1 tokens)",
                 lambda ctx: f"{s(ctx).strategy.ngram_kind} {s(ctx).strategy.ngram_n}"),
-        Command("filler", _filler, "/filler K", "add the target's top-K predictions to the n-gram store (0: off)",
+        Command("filler", set_.filler, "/filler K", "add the target's top-K predictions to the n-gram store (0: off)",
                 lambda ctx: str(s(ctx).strategy.ngram_filler_top_k)),
-        Command("ngram-reset", _ngram_reset, "/ngram-reset [on|off]",
+        Command("ngram-reset", set_.ngram_reset, "/ngram-reset [on|off]",
                 "on: a fresh n-gram store for each prompt; off: it persists",
                 lambda ctx: on_off(s(ctx).strategy.ngram_reset_each_prompt)),
-        Command("lookup-ngram", _lookup_ngram, "/lookup-ngram MAX [MIN]", "prompt lookup n-gram sizes",
+        Command("lookup-ngram", set_.lookup_ngram, "/lookup-ngram MAX [MIN]", "prompt lookup n-gram sizes",
                 lambda ctx: f"{s(ctx).strategy.lookup_max_ngram} {s(ctx).strategy.lookup_min_ngram}"),
-        Command("branch", _branch, "/branch N", "eagle and medusa: each draft node's likeliest children (1: a chain)",
+        Command("branch", set_.branch, "/branch N",
+                "eagle and medusa: each draft node's likeliest children (1: a chain)",
                 lambda ctx: str(s(ctx).strategy.head_branch)),
-        Command("typical", _typical, "/typical [on|off]",
+        Command("typical", set_.typical, "/typical [on|off]",
                 "sampling with eagle or medusa: Medusa's typical acceptance (NOT lossless)",
                 lambda ctx: on_off(s(ctx).strategy.typical)),
-        Command("alternatives", _alternatives, "/alternatives N",
+        Command("alternatives", set_.alternatives, "/alternatives N",
                 "greedy: verify the draft model's next N best tokens at each depth too (0: a chain)",
                 lambda ctx: str(s(ctx).strategy.draft_alternatives)),
-        Command("width", _width, "/width W",
+        Command("width", set_.width, "/width W",
                 "the most tokens one verify forward takes: alternatives and other copies fill up to it",
                 lambda ctx: str(s(ctx).strategy.verify_width)),
-        Command("cumulative", _cumulative, "/cumulative P",
+        Command("cumulative", set_.cumulative, "/cumulative P",
                 "the draft model stops once the product of its token probabilities falls below P (0: off)",
                 lambda ctx: f"{s(ctx).strategy.draft_cumulative:g}"),
-        Command("lookahead-params", _lookahead_params, "/lookahead-params W N G",
+        Command("lookahead-params", set_.lookahead_params, "/lookahead-params W N G",
                 "lookahead: Jacobi window W, n-gram size N, verified candidates G",
                 lambda ctx: f"{s(ctx).strategy.lookahead_window} {s(ctx).strategy.lookahead_ngram} "
                             f"{s(ctx).strategy.lookahead_candidates}"),
-        Command("beams", _beams, "/beams N", "beam search width",
+        Command("beams", set_.beams, "/beams N", "beam search width",
                 lambda ctx: str(s(ctx).strategy.num_beams)),
         Command("stats", _stats, "/stats", "the last turn in detail, and session totals"),
         Command("calibrate", _calibrate, "/calibrate",

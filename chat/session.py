@@ -18,15 +18,15 @@ from pathlib import Path
 import torch
 from jinja2 import TemplateError
 
+from app.calibration import Tuning, probe, tune
+from chat.background import PausableThread
+from models.invariance import Invariance
 from sampling.base import MAX_SEED, DecodeConfig, Result, Round, Stats, Strategy
 from sampling.registry import build_strategy
 from sampling.settings import NEEDS_DRAFTER, NEEDS_HEAD, STRATEGIES, StrategySettings
 from sampling.speculative import Speculative
-from utils.background import PausableThread
 from utils.caching import CachedModel, common_prefix_length
-from utils.calibration import Tuning, probe, tune
 from utils.checks import integer
-from utils.invariance import Invariance
 from utils.logits_processor import GreedyProcessor, LogitsProcessor
 
 COMPILING = "compiling (background)"
@@ -223,7 +223,7 @@ class ChatSession:
 
     def probe(self, cache_dir: Path, key: dict, again: bool = False) -> tuple[Invariance, bool]:
         """Run the target along the path on which this machine's verify rows equal its one-token steps bit for bit
-        (probed once per `key`, then kept: `utils.invariance`); True when it was probed now."""
+        (probed once per `key`, then kept: `models.invariance`); True when it was probed now."""
         self.invariance, probed = probe(cache_dir, self.target, key, again=again)
         return self.invariance, probed
 

@@ -12,10 +12,10 @@ from sampling.drafters.medusa import MedusaDrafter
 from sampling.drafters.model import ModelDrafter
 from sampling.drafters.ngram import NGramDrafter
 from sampling.drafters.prompt_lookup import PromptLookupDrafter
+from sampling.heads import DraftHead
 from sampling.settings import NEEDS_DRAFTER, NEEDS_HEAD, STRATEGIES, StrategySettings
 from sampling.speculative import Speculative
 from utils.caching import CachedModel
-from utils.heads import DraftHead
 
 
 def build_strategy(name: str, target: CachedModel, drafter: CachedModel | None,

@@ -16,8 +16,8 @@ from utils.checks import choice, integer, number, switch
 STRATEGIES = ("autoregressive", "speculative", "auto", "drafter", "ngram", "lookup", "lookahead", "beam", "eagle",
               "medusa")
 NEEDS_DRAFTER = ("speculative", "auto", "drafter")
-NEEDS_HEAD = ("eagle", "medusa")  # a trained head of that kind (utils/heads.py)
-# The drafting settings the per-machine calibration chooses (utils/calibration.py), where the user did not.
+NEEDS_HEAD = ("eagle", "medusa")  # a trained head of that kind (sampling/heads.py)
+# The drafting settings the per-machine calibration chooses (app/calibration.py), where the user did not.
 CALIBRATED = ("gamma", "verify_width", "draft_alternatives", "draft_cumulative")
 STORE_KINDS = ("basic", "one-level")  # the n-gram store's kinds (sampling/drafters/ngram.py)
 
@@ -25,6 +25,8 @@ STORE_KINDS = ("basic", "one-level")  # the n-gram store's kinds (sampling/draft
 @dataclass(frozen=True)
 class StrategySettings:
     # The most tokens a round drafts; the draft model stops earlier by draft_cumulative, so a high cap costs little.
+    # Per strategy (sampling/registry.py): speculative, ngram, lookup, eagle and medusa draft at most gamma; auto at
+    # most max(copy_gamma, gamma), its draft model gamma; lookahead lookahead_ngram - 1, whatever gamma is.
     gamma: int = 12
     # The draft model: stop drafting below this confidence (0: never); HF's grow/shrink draft-length schedule.
     draft_confidence: float = 0.0

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import torch
 from torch import Tensor
@@ -41,6 +41,7 @@ class Speculative(Strategy):
     def stream(self, prompt_ids: list[int], config: DecodeConfig) -> Iterator[Round]:
         check_prompt(prompt_ids, self.target.max_length, self.drafter.max_length)
         clock, generator, processor = Clock(), config.make_generator(self.target.device), config.processor
+        accept = acceptance_rule(processor, generator, self.typical)
         ids, budget = list(prompt_ids), config.max_new_tokens
         limit = min(self.target.max_length, self.drafter.max_length)
         self.drafter.start(ids)
@@ -53,7 +54,7 @@ class Speculative(Strategy):
             logits = (self.target.extend(ids + draft.tokens, keep=len(draft) + 1) if draft.parents is None
                       else self.target.extend_tree(ids, draft.tokens, draft.parents))
             # 3. Accept: a prefix of the chain, a path of the tree.
-            path, token = accept(draft, logits, processor, generator, self.typical)
+            path, token = accept(draft, logits)
             tokens, finished = clip([draft.tokens[i] for i in path] + [token], config.end_ids, budget)
             start = len(ids)
             ids += tokens
@@ -68,26 +69,45 @@ class Speculative(Strategy):
                 return
 
 
-def accept(draft: Draft, logits: Tensor, processor: LogitsProcessor, generator: torch.Generator | None,
-           typical: tuple[float, float] | None = None) -> tuple[list[int], int]:
-    """The accepted drafts as indices into `draft.tokens` (a prefix of a chain, a path of a tree), and the token to
-    commit after them."""
-    x = torch.tensor(draft.tokens, dtype=torch.long, device=logits.device)
-    if typical is not None and not processor.is_greedy:
-        chain = torch.arange(-1, len(draft) - 1, device=logits.device)
-        parents = chain if draft.parents is None else torch.tensor(draft.parents, dtype=torch.long,
-                                                                   device=logits.device)
-        last, token = accept_tree_typical(x, parents, processor.probs(logits), *typical, generator)
-        return draft.path(last), token
-    if draft.parents is None:
-        if processor.is_greedy:
+# An acceptance rule: the accepted drafts as indices into `draft.tokens` (a prefix of a chain, a path of a tree) and
+# the token to commit after them, from the draft and the target's logits over it.
+Rule = Callable[[Draft, Tensor], tuple[list[int], int]]
+
+
+def acceptance_rule(processor: LogitsProcessor, generator: torch.Generator | None,
+                    typical: tuple[float, float] | None = None) -> Rule:
+    """The rule a generation verifies with, chosen once: greedy, speculative sampling (lossless), or Medusa's typical
+    acceptance when sampling with `typical` (NOT lossless); each takes chains and trees."""
+
+    def tensors(draft: Draft, logits: Tensor) -> tuple[Tensor, Tensor | None]:
+        x = torch.tensor(draft.tokens, dtype=torch.long, device=logits.device)
+        parents = None if draft.parents is None else torch.tensor(draft.parents, dtype=torch.long,
+                                                                  device=logits.device)
+        return x, parents
+
+    def greedy(draft: Draft, logits: Tensor) -> tuple[list[int], int]:
+        x, parents = tensors(draft, logits)
+        if parents is None:
             accepted, token = accept_greedy(x, logits)
-        else:
-            accepted, token = accept_stochastic(x, processor.probs(logits), draft.q, generator)
-        return draft.path(accepted - 1), token
-    parents = torch.tensor(draft.parents, dtype=torch.long, device=logits.device)
-    if processor.is_greedy:
+            return draft.path(accepted - 1), token
         last, token = accept_tree_greedy(x, parents, logits)
-    else:
+        return draft.path(last), token
+
+    def sampled(draft: Draft, logits: Tensor) -> tuple[list[int], int]:
+        x, parents = tensors(draft, logits)
+        if parents is None:
+            accepted, token = accept_stochastic(x, processor.probs(logits), draft.q, generator)
+            return draft.path(accepted - 1), token
         last, token = accept_tree_stochastic(x, parents, processor.probs(logits), generator)
-    return draft.path(last), token
+        return draft.path(last), token
+
+    def typical_acceptance(draft: Draft, logits: Tensor) -> tuple[list[int], int]:
+        x, parents = tensors(draft, logits)
+        chain = torch.arange(-1, len(draft) - 1, device=logits.device) if parents is None else parents
+        assert typical is not None  # chosen only with it
+        last, token = accept_tree_typical(x, chain, processor.probs(logits), *typical, generator)
+        return draft.path(last), token
+
+    if processor.is_greedy:
+        return greedy
+    return sampled if typical is None else typical_acceptance

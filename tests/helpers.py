@@ -108,7 +108,7 @@ def save_tiny_pair(root: Path, **options) -> tuple[Path, Path]:
 
 def load_tiny_pair(root: Path):
     """save_tiny_pair's models loaded like any pair: float32 on the CPU."""
-    from utils.loading import load_pair
+    from models.loading import load_pair
 
     target, drafter = save_tiny_pair(root)
     return load_pair(str(target), str(drafter), device="cpu", dtype="float32", progress=False)
@@ -117,7 +117,7 @@ def load_tiny_pair(root: Path):
 def random_head(model, kind: str, seed: int = 1, std: float = 0.2, vocab=None):
     """An untrained eagle or medusa head of random weights bound to `model` in its dtype (any head keeps the output
     lossless; a trained one is made by train_head.py)."""
-    from utils.heads import HeadConfig, bind, build, eagle_config
+    from sampling.heads import HeadConfig, bind, build, eagle_config
 
     config = (eagle_config(model.config, 2 * model.config.hidden_size) if kind == "eagle"
               else HeadConfig("medusa", model.config.hidden_size, num_heads=3))
@@ -137,7 +137,7 @@ def save_random_heads(target_dir: Path) -> list[str]:
     """An eagle and a medusa head of random weights saved beside a saved tiny target, as --head takes them."""
     from transformers import AutoModelForCausalLM
 
-    from utils.heads import save_head
+    from sampling.heads import save_head
 
     model = AutoModelForCausalLM.from_pretrained(target_dir)
     dirs = []
@@ -150,7 +150,7 @@ def save_random_heads(target_dir: Path) -> list[str]:
 
 def random_q4k(rows: int, cols: int, seed: int) -> np.ndarray:
     """Q4_K bytes, (rows, cols / 256 * 144): random codes, 6-bit scales and mins, small fp16 block scales."""
-    from utils import q4k
+    from models.formats import q4k
 
     rng = np.random.default_rng(seed)
     blocks = rng.integers(0, 256, (rows * cols // q4k.BLOCK, q4k.BLOCK_BYTES), dtype=np.uint8)
@@ -160,7 +160,7 @@ def random_q4k(rows: int, cols: int, seed: int) -> np.ndarray:
 
 
 def q4k_weight(raw: np.ndarray, rows: int, cols: int) -> torch.Tensor:
-    from utils import q4k
+    from models.formats import q4k
 
     codes, scale, low = q4k.groups(raw, rows, cols)
     return (codes.view(rows, -1, q4k.GROUP) * scale[..., None] - low[..., None]).view(rows, cols)
@@ -171,7 +171,7 @@ def write_q4k_gguf(path, model, corrupt: str | None = None) -> None:
     them; the tensor named `corrupt` gets other weights than the model's."""
     from gguf import GGMLQuantizationType, GGUFWriter
 
-    from utils import q4k
+    from models.formats import q4k
 
     writer = GGUFWriter(str(path), arch="llama")
     names = {v: k for k, v in q4k.MODULES.items()}

@@ -1,4 +1,4 @@
-"""utils.accuracy: teacher-forced top-1 agreement and perplexity against a reference model."""
+"""benchmarks.accuracy: teacher-forced top-1 agreement and perplexity against a reference model."""
 
 import copy
 import math
@@ -6,8 +6,8 @@ import math
 import pytest
 import torch
 
+from benchmarks.accuracy import Agreement, compare, next_token_logits, perplexity
 from tests.helpers import tiny_model
-from utils.accuracy import Agreement, compare, next_token_logits, perplexity
 
 TEXT = [(i * 31 + 7) % 97 for i in range(300)]
 

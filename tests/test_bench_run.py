@@ -16,10 +16,10 @@ from benchmarks.costs import ForwardCosts
 from benchmarks.hf_baselines import build_hf_baselines, quantized_drafter, sampling_kwargs
 from benchmarks.report import plot, summarize
 from benchmarks.runner import first_difference
+from models.loading import load_model
 from sampling.base import DecodeConfig
 from sampling.settings import STRATEGIES
 from tests.helpers import save_random_heads, save_tiny_pair
-from utils.loading import load_model
 from utils.logits_processor import make_processor
 
 REPO = Path(__file__).resolve().parent.parent

@@ -1,13 +1,11 @@
-"""utils.calibration: timed forwards kept per machine, and the drafting settings derived from them."""
+"""app.calibration: timed forwards kept per machine, and the drafting settings derived from them."""
 
 import json
 
 import pytest
 import torch
 
-from sampling.settings import StrategySettings
-from utils.caching import CachedModel
-from utils.calibration import (
+from app.calibration import (
     Calibration,
     calibrate,
     choose,
@@ -18,6 +16,8 @@ from utils.calibration import (
     measure,
     tune,
 )
+from sampling.settings import StrategySettings
+from utils.caching import CachedModel
 
 
 def calibration(target_ms: dict[int, float], drafter_ms: float | None = 10.0) -> Calibration:
@@ -90,7 +90,7 @@ def test_measure_times_every_width_and_leaves_the_caches_empty(tiny_pair):
 
 
 def test_calibrate_keeps_the_timings_per_key_and_measures_again_when_asked(tiny_pair, tmp_path, monkeypatch):
-    import utils.calibration as calibration_module
+    import app.calibration as calibration_module
 
     target, drafter = tiny_pair
     monkeypatch.setattr(calibration_module, "WIDTHS", (1, 2))
@@ -135,7 +135,7 @@ def test_the_machine_key_names_the_cpu_torch_models_formats_and_threads():
 def test_a_kept_file_with_a_bad_value_is_timed_again_with_one_line_saying_so(tiny_pair, tmp_path, monkeypatch,
                                                                              field, value):
     """Regression: these values crashed or hung every start, even with every drafting setting on the command line."""
-    import utils.calibration as calibration_module
+    import app.calibration as calibration_module
 
     target, drafter = tiny_pair
     monkeypatch.setattr(calibration_module, "WIDTHS", (1, 2))

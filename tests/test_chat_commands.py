@@ -15,7 +15,8 @@ import pytest
 from rich.console import Console
 
 from chat.app import ChatApp
-from chat.commands import Command, Outcome, build_commands, dispatch, parse_processor
+from chat.arguments import parse_processor
+from chat.commands import Command, Outcome, build_commands, dispatch
 from chat.session import ChatSession, ChatSettings, ModelInfo
 from chat.turn import Turn
 from sampling.settings import STRATEGIES

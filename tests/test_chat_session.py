@@ -18,10 +18,10 @@ from transformers import AutoModelForCausalLM
 from chat.oneshot import FAILED_EXIT, run_oneshot
 from chat.session import ChatSession, ChatSettings, Message, ModelInfo
 from chat.turn import View, run_turn
+from models.loading import load_pair
 from sampling.settings import StrategySettings
 from tests.helpers import load_tiny_pair, save_tiny_checkpoint
 from utils.caching import common_prefix_length
-from utils.loading import load_pair
 
 
 @pytest.fixture(scope="module")

@@ -9,9 +9,9 @@ import pytest
 
 from chat.session import ChatSession, ChatSettings, Message
 from chat.turn import View, run_turn
+from models.loading import load_pair
+from models.presets import ModelLoadError
 from utils.caching import common_prefix_length
-from utils.loading import load_pair
-from utils.presets import ModelLoadError
 
 pytestmark = pytest.mark.slow
 

@@ -6,6 +6,7 @@ import copy
 import pytest
 import torch
 
+from models.formats.quantize import quantize_weights
 from sampling.autoregressive import Autoregressive
 from sampling.base import DecodeConfig
 from sampling.drafters.model import ModelDrafter
@@ -15,7 +16,6 @@ from sampling.settings import StrategySettings
 from sampling.speculative import Speculative
 from tests.helpers import tiny_model
 from utils.caching import CachedModel
-from utils.quantize import quantize_weights
 
 PROMPT = [5, 17, 42, 8, 5, 17, 42, 9, 33, 5, 17]
 MAX_NEW = 48

@@ -7,21 +7,22 @@ import pytest
 import torch
 
 import train_head
+from models.loading import load_model
+from models.presets import ModelLoadError
 from sampling.autoregressive import Autoregressive
 from sampling.base import DecodeConfig
 from sampling.drafters.eagle import EagleDrafter
 from sampling.drafters.medusa import MedusaDrafter
+from sampling.heads import load_head, load_heads, save_head
 from sampling.registry import build_strategy
 from sampling.settings import StrategySettings
 from sampling.speculative import Speculative
 from sampling.verify import accept_tree_typical
 from tests.distribution import FALSE_ALARM, chi_square_test, exact_sequence_distribution
 from tests.helpers import random_head, save_tiny_checkpoint, tiny_model
+from training.held_out import StoredFeatures
 from utils.caching import CachedModel
-from utils.heads import load_head, load_heads, save_head
-from utils.loading import load_model
 from utils.logits_processor import GreedyProcessor, MultinomialProcessor, TopKNucleusProcessor
-from utils.presets import ModelLoadError
 
 PROMPTS = ([5, 9, 14, 3], [5, 9, 14, 3, 22, 8, 40], [71, 2])  # the second shares the first's beginning
 
@@ -122,7 +123,7 @@ def test_an_eagle_tree_drafts_what_a_plain_causal_pass_over_each_path_gives(trai
     ids = PROMPTS[1] + [11, 30, 6]
     with torch.no_grad():
         hidden = target64(input_ids=torch.tensor([ids]), output_hidden_states=True).hidden_states[-1][0]
-    stored = train_head.StoredFeatures(ids, hidden)
+    stored = StoredFeatures(ids, hidden)
     stored.at(len(ids))
     drafter = EagleDrafter(stored, head, 3, 9)
     for n in (len(ids) - 3, len(ids)):  # a second draft reuses the head's cache of the first
@@ -291,7 +292,7 @@ def test_a_head_json_naming_another_kind_than_its_weights_is_refused(tmp_path, k
 
 def test_a_compact_head_keeps_its_size_and_the_output(trained, target64):
     """int4 weights (int8 where a layer's shape does not fit int4), bf16 activations: drafts change, output not."""
-    from utils.heads import compact
+    from sampling.heads import compact
 
     dense = load_head(trained[1]["eagle"], target64, torch.float64)
     size = dense.size

@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 
 import infer
+from app.flags import model_choice
 from sampling.settings import STRATEGIES
 from tests.helpers import heavy_modules_imported, run_interrupted_while_importing, save_random_heads, save_tiny_pair
-from utils.flags import model_choice
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -162,7 +162,7 @@ def test_default_strategies_drop_the_drafter_ones_without_a_drafter():
 
 
 def test_preset_and_overrides():
-    from utils.presets import resolve_preset
+    from models.presets import resolve_preset
 
     args = infer.build_parser().parse_args(["--preset", "embedded", "--drafter", "none", "--device", "cpu"])
     choice = model_choice(args, resolve_preset)
@@ -234,8 +234,8 @@ def test_drafting_flags_reach_the_strategy_settings():
 
 
 def test_verify_reaches_the_loader(monkeypatch):
-    from utils import loading
-    from utils.presets import ModelLoadError
+    from models import loading
+    from models.presets import ModelLoadError
 
     seen = {}
 

@@ -1,10 +1,10 @@
-"""utils.int4: groupwise 4-bit weights on torch's packed int4 CPU kernel."""
+"""models.formats.int4: groupwise 4-bit weights on torch's packed int4 CPU kernel."""
 
 import pytest
 import torch
 from torch import nn
 
-from utils.int4 import GROUP, Int4Linear, quantize, to_int4
+from models.formats.int4 import GROUP, Int4Linear, quantize, to_int4
 
 
 def linear(in_features, out_features, bias=False, seed=0, dtype=torch.bfloat16):

@@ -1,4 +1,4 @@
-"""utils.int8: per-channel 8-bit weights on torch's int8 weight-only CPU kernel."""
+"""models.formats.int8: per-channel 8-bit weights on torch's int8 weight-only CPU kernel."""
 
 import copy
 
@@ -6,13 +6,13 @@ import pytest
 import torch
 from torch import nn
 
+from models.formats.int8 import Int8Linear, quantize, to_int8
 from sampling.autoregressive import Autoregressive
 from sampling.base import DecodeConfig
 from sampling.drafters.model import ModelDrafter
 from sampling.speculative import Speculative
 from tests.helpers import tiny_model
 from utils.caching import CachedModel
-from utils.int8 import Int8Linear, quantize, to_int8
 
 
 def test_codes_and_scales_rebuild_each_weight_within_half_a_step():

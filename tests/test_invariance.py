@@ -12,18 +12,19 @@ import torch
 from rich.console import Console
 from torch import nn
 
+from app import calibration
 from chat.oneshot import run_oneshot
 from chat.render import ComparisonRow, banner, comparison_table
 from chat.session import ChatSession, ChatSettings, ModelInfo
+from models import invariance, row_attention
+from models.formats.layers import replace_layers
+from models.invariance import LONE_ROW, ROWS, Invariance, TargetPath
 from sampling.autoregressive import Autoregressive
 from sampling.base import DecodeConfig, Stats
 from sampling.drafters.model import ModelDrafter
 from sampling.speculative import Speculative
 from tests.helpers import load_tiny_pair, noisy_copy, tiny_model
-from utils import calibration, invariance, row_attention
 from utils.caching import CachedModel
-from utils.invariance import LONE_ROW, ROWS, Invariance, TargetPath
-from utils.layers import replace_layers
 
 PROMPT = [5, 17, 42, 8, 5, 17, 42, 9, 33, 5, 17]
 

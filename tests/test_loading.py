@@ -1,4 +1,4 @@
-"""The loader: specs, presets, device/dtype, the converted-model cache, vocab and end tokens (utils/loading.py
+"""The loader: specs, presets, device/dtype, the converted-model cache, vocab and end tokens (models/loading.py
 and the modules it uses).
 
 Fast tests build a tiny random Llama with a word-level tokenizer in tmp_path. The `slow` ones convert
@@ -19,18 +19,19 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
+from models import devices, gguf
+from models import store as model_cache
+from models.devices import cpuinfo_has_bf16, resolve_device, resolve_dtype
+from models.formats.int8 import Int8Linear
+from models.formats.prepack import PackedLinear
+from models.formats.q4k import Q4KLinear
+from models.formats.quantize import resolve_quantize
+from models.loading import LoadedModel, load_model, load_pair
+from models.presets import EMBEDDED, PRESETS, EmbeddedModel, ModelLoadError, Preset, default_cache_dir, resolve_preset
+from models.store import CacheLayout, is_complete
+from models.vocab import check_same_vocab, end_token_ids
 from tests.helpers import WORD_CHAT_TEMPLATE, save_tiny_checkpoint, word_tokenizer, write_q4k_gguf
-from utils import devices, gguf, model_cache
-from utils.devices import cpuinfo_has_bf16, resolve_device, resolve_dtype
 from utils.errors import REASON_CHARS, one_line
-from utils.int8 import Int8Linear
-from utils.loading import LoadedModel, load_model, load_pair
-from utils.model_cache import CacheLayout, is_complete
-from utils.prepack import PackedLinear
-from utils.presets import EMBEDDED, PRESETS, EmbeddedModel, ModelLoadError, Preset, default_cache_dir, resolve_preset
-from utils.q4k import Q4KLinear
-from utils.quantize import resolve_quantize
-from utils.vocab import check_same_vocab, end_token_ids
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -423,7 +424,7 @@ def test_marker_for_another_gguf_forces_a_rebuild(tmp_path):
 BUILDER = """
 import sys, time
 from pathlib import Path
-from utils.model_cache import CacheLayout, build_cache
+from models.store import CacheLayout, build_cache
 
 root, name = Path(sys.argv[1]), sys.argv[2]
 

@@ -1,4 +1,4 @@
-"""utils.prepack: float32 linear layers with oneDNN-prepacked weights."""
+"""models.formats.prepack: float32 linear layers with oneDNN-prepacked weights."""
 
 import copy
 
@@ -6,13 +6,13 @@ import pytest
 import torch
 from torch import nn
 
+from models.formats.prepack import PackedLinear, available, prepack, unpack
 from sampling.autoregressive import Autoregressive
 from sampling.base import DecodeConfig
 from sampling.drafters.model import ModelDrafter
 from sampling.speculative import Speculative
 from tests.helpers import tiny_model
 from utils.caching import CachedModel
-from utils.prepack import PackedLinear, available, prepack, unpack
 
 pytestmark = pytest.mark.skipif(not available(), reason="this torch build has no oneDNN")
 
@@ -29,7 +29,7 @@ def test_packed_linear_computes_the_same_product_with_and_without_bias():
     not available(torch.bfloat16), reason="oneDNN has no native bf16 kernels on this CPU"))])
 def test_each_rows_result_is_the_same_bits_among_two_rows_or_more(dtype):
     # what lets a verify of k tokens round as k steps run as two rows do; a lone row may take another kernel path
-    # (AVX-512 oneDNN does): utils.invariance probes that per machine
+    # (AVX-512 oneDNN does): models.invariance probes that per machine
     torch.manual_seed(0)
     dense = nn.Linear(256, 96, bias=False, dtype=dtype)
     packed = PackedLinear(dense)

@@ -1,4 +1,5 @@
-"""The GGUF's own Q4_K weights on torch's int4 kernel (utils/q4k.py): read exactly, applied to the right layers."""
+"""The GGUF's own Q4_K weights on torch's int4 kernel (models/formats/q4k.py): read exactly, applied to the right
+layers."""
 
 import numpy as np
 import pytest
@@ -6,8 +7,8 @@ import torch
 from gguf import GGMLQuantizationType
 from gguf.quants import dequantize
 
+from models.formats import q4k
 from tests.helpers import q4k_weight, random_q4k, tiny_model, write_q4k_gguf
-from utils import q4k
 
 
 def test_groups_read_the_weights_gguf_dequantizes():

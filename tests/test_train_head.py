@@ -11,6 +11,8 @@ import pytest
 import torch
 
 import train_head
+import training.data as training_data
+import training.learning as training_learning
 from tests.helpers import save_tiny_checkpoint
 from utils.files import exclusive, write_atomically
 
@@ -40,9 +42,9 @@ def recorded_prompts(out) -> list[str]:
                   for row in torch.load(file, weights_only=True))
 
 
-def interrupt_on_call(monkeypatch, name: str, call: int) -> None:
-    """train_head.`name` raises KeyboardInterrupt (a Ctrl-C) on its `call`-th call, as if the user pressed it then."""
-    real, calls = getattr(train_head, name), []
+def interrupt_on_call(monkeypatch, module, name: str, call: int) -> None:
+    """`module.name` raises KeyboardInterrupt (a Ctrl-C) on its `call`-th call, as if the user pressed it then."""
+    real, calls = getattr(module, name), []
 
     def interrupted(*args, **kwargs):
         calls.append(1)
@@ -50,7 +52,7 @@ def interrupt_on_call(monkeypatch, name: str, call: int) -> None:
             raise KeyboardInterrupt
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(train_head, name, interrupted)
+    monkeypatch.setattr(module, name, interrupted)
 
 
 def test_a_non_empty_out_is_refused_before_anything_is_touched(tmp_path, capsys):
@@ -86,7 +88,7 @@ def test_a_resume_with_another_batch_size_answers_every_prompt_once(target, tmp_
     """Bug: the resume point was files x batch: a --batch 2 run stopped after 3 files and resumed with --batch 4
     started at prompt 12, never answering 6-11."""
     out, prompts = tmp_path / "head", prompt_file(tmp_path / "p.jsonl", 10)
-    interrupt_on_call(monkeypatch, "_answer", 4)
+    interrupt_on_call(monkeypatch, training_data, "_answer", 4)
     assert train_head.main(argv(target, out, prompts, "--batch", "2")) == train_head.INTERRUPTED_EXIT
     assert capsys.readouterr().err.startswith("interrupted: ")
     assert len(recorded_prompts(out)) == 6
@@ -100,7 +102,7 @@ def test_ctrl_c_during_training_checkpoints_there_and_resume_goes_on_from_it(tar
     """Bug: a Ctrl-C while training printed a KeyboardInterrupt traceback and lost every step since the last epoch's
     end."""
     out, prompts = tmp_path / "head", prompt_file(tmp_path / "p.jsonl", 6)  # 1 held out, 5 trained on: 10 steps
-    interrupt_on_call(monkeypatch, "losses", 7)
+    interrupt_on_call(monkeypatch, training_learning, "losses", 7)
     assert train_head.main(argv(target, out, prompts)) == train_head.INTERRUPTED_EXIT
     assert "interrupted" in capsys.readouterr().err
     state = torch.load(out / "checkpoint.pt", weights_only=True)["state"]

@@ -17,8 +17,6 @@ from torch import Tensor
 from transformers import DynamicCache
 from transformers.cache_utils import CacheLayerMixin
 
-from utils.prepack import is_prepacked
-
 
 def crop(cache: DynamicCache, length: int) -> None:
     """Roll `cache` back to an absolute `length` tokens; cropping to the current length is a no-op."""
@@ -66,8 +64,8 @@ class CachedModel:
 
     `prefill_model`: the same weights in another form, fed every forward of at least `prefill_from` tokens (prompts)
     while `model` takes the short ones (decoding). A low-bit model decodes faster than a dense one on a CPU, where a
-    one-token forward is bound by the bytes of weights read, but prefills several times slower (0.5B, 150 tokens:
-    1.22 s int8, 0.30 s bf16). Both fill the one cache; drafts from it are verified as always.
+    one-token forward is bound by the bytes of weights read, but prefills several times slower (docs/formats.md). Both
+    fill the one cache; drafts from it are verified as always.
 
     `step_model`: `model` compiled for one-token forwards (`compile_step`), which it then takes once the cache holds
     two tokens or more (a cache of 0 or 1 would compile a graph of its own: torch specializes those sizes).
@@ -78,7 +76,7 @@ class CachedModel:
     `min_rows`: every forward runs at least this many rows. A shorter one (a one-token step) gets spare rows after its
     tokens, which no real row attends to, and they are dropped from the cache and the logits: on a CPU whose kernels
     compute a lone row differently from the same row among several, a step then rounds as a verify's rows do
-    (`utils.invariance` measures which this machine needs).
+    (`models.invariance` measures which this machine needs).
     """
 
     def __init__(self, model, prefill_model=None, prefill_from: int = 8):
@@ -182,15 +180,16 @@ class CachedModel:
         """Compile `model` for one-token forwards (torch.compile, the context length dynamic) and hand them to it.
 
         A one-token forward of a small model on a CPU spends a large share of its time in Python and operator
-        dispatch between the matrix products (the int4 0.5B drafter at a 250-token context: 28.9 ms eager, 24.2 ms
-        compiled, interleaved medians); the compiled graph fuses the small operators. Compiling takes tens of seconds:
-        it runs on a scratch cache of its own, so it may run on another thread while this model decodes, and
-        `step_model` is set only once both graphs it needs (the cache grown by a forward, and cropped) are built.
+        dispatch between the matrix products (docs/formats.md); the compiled graph fuses the small operators.
+        Compiling takes tens of seconds: it runs on a scratch cache of its own, so it may run on another thread while
+        this model decodes, and `step_model` is set only once both graphs it needs (the cache grown by a forward, and
+        cropped) are built.
         Errors (no C++ compiler, an unsupported model) propagate and leave the model as it was. Returns the seconds it
         took. `workers`: inductor's parallel compile processes (None: its default).
         """
-        if is_prepacked(self.model):
-            raise ValueError("its weights are oneDNN-prepacked, which torch.compile cannot lower")
+        blocker = next((m.compile_blocker for m in self.model.modules() if hasattr(m, "compile_blocker")), None)
+        if blocker is not None:  # a layer that says why it cannot be compiled (models.formats.prepack)
+            raise ValueError(blocker)
         started = time.perf_counter()
         step = torch.compile(self.model, dynamic=True)
         scratch = CachedModel(self.model)

@@ -9,8 +9,8 @@ from torch import Tensor
 
 from sampling.drafters.base import Draft
 from sampling.drafters.head import HeadDrafter
+from sampling.heads import DraftHead, HeadCache
 from utils.caching import CachedModel, common_prefix_length, tree_attention
-from utils.heads import DraftHead, HeadCache
 from utils.logits_processor import LogitsProcessor
 
 

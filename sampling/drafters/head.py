@@ -16,9 +16,9 @@ import torch
 from torch import Tensor
 
 from sampling.drafters.base import Draft, Drafter, check_tree_size
+from sampling.heads import DraftHead
 from sampling.settings import check
 from utils.caching import CachedModel, common_prefix_length
-from utils.heads import DraftHead
 
 
 class HeadDrafter(Drafter):

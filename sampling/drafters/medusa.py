@@ -6,8 +6,8 @@ import torch
 
 from sampling.drafters.base import Draft
 from sampling.drafters.head import HeadDrafter
+from sampling.heads import DraftHead
 from utils.caching import CachedModel
-from utils.heads import DraftHead
 from utils.logits_processor import LogitsProcessor
 
 

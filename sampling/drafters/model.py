@@ -28,7 +28,7 @@ class ModelDrafter(Drafter):
     `alternatives` (greedy only): at each depth the drafter's next-best tokens ride along as leaves of a token tree,
     free on the drafter side (the same logits). Where the target rejects the chain's token at some depth but picks
     one of these, that depth still commits and the target's token after it comes too: one more token that round, for
-    a wider verify forward (a 16-bit target verifies up to 14 tokens in about the time of 1 on a CPU). `max_tree`
+    a wider verify forward (nearly free where the calibration measures it so). `max_tree`
     caps the draft, chain and alternatives together: where they would not fit, the alternatives kept are those the
     drafter rates likeliest to be committed (the probability it gives the chain before them times theirs).
     """

@@ -6,7 +6,7 @@ kernels (a float32 GEMM, SDPA's blocking) a row's bits then depend on how many r
 masked-out tail is, and a verify's rows round differently from the one-token steps. Here row i is the same
 computation, with the same shapes, in a verify, in a tree verify (its ancestors gathered in order) and in the step
 that decodes that token alone: the keys it sees, its heads grouped by key head, softmax in float32 (or wider) as
-eager attention does it. Registered with transformers' `AttentionInterface` as "rowwise"; `utils.invariance` chooses
+eager attention does it. Registered with transformers' `AttentionInterface` as "rowwise"; `models.invariance` chooses
 it where the other implementations are not exact.
 """
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 import torch
 from transformers import PreTrainedModel
 
-from utils.int4 import to_int4
-from utils.int8 import to_int8
-from utils.presets import QUANTIZE_CHOICES, ModelLoadError
+from models.formats.int4 import to_int4
+from models.formats.int8 import to_int8
+from models.presets import QUANTIZE_CHOICES, ModelLoadError
 
 LOW_BIT_CPU = ("int4", "int8")  # torch's packed CPU kernels, which take bfloat16 activations
 
@@ -53,10 +53,10 @@ def activation_dtype(quantize: str, dtype: torch.dtype, device: torch.device) ->
 
 
 def quantize_weights(model: PreTrainedModel, quantize: str) -> None:
-    """Give `model` int8 weights (`utils.int8` on a CPU, optimum-quanto elsewhere) or int4 ones (`utils.int4`) in
-    place; activations keep its dtype.
+    """Give `model` int8 weights (`models.formats.int8` on a CPU, optimum-quanto elsewhere) or int4 ones
+    (`models.formats.int4`) in place; activations keep its dtype.
 
-    int4 covers the linear layers of the packed kernel's shapes (`utils.int4.fits`); the others stay dense."""
+    int4 covers the linear layers of the packed kernel's shapes (`models.formats.int4.fits`); the others stay dense."""
     if quantize == "int8" and next(model.parameters()).device.type == "cpu":
         to_int8(model)
     elif quantize == "int8":

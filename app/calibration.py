@@ -20,13 +20,13 @@ from pathlib import Path
 
 import torch
 
+from models import invariance
+from models.devices import cpu_flags, cpu_model
+from models.invariance import Invariance
 from sampling.settings import CALIBRATED, StrategySettings
-from utils import invariance
 from utils.caching import CachedModel
-from utils.devices import cpu_flags, cpu_model
 from utils.errors import one_line
 from utils.files import write_atomically
-from utils.invariance import Invariance
 
 WIDTHS = (1, 2, 3, 4, 5, 6, 8, 10, 12, 14, 16, 20)  # new tokens per timed target forward
 CONTEXT = 128  # cached tokens when the forwards are timed: a short chat turn
@@ -34,7 +34,7 @@ ACCEPTANCE = 0.9  # a draft the drafter is sure of is accepted this often (the r
 TREE_SLACK = 1.05  # the verify width grows past the chain while a forward costs at most this much more
 MAX_GAMMA = 16
 SCHEMA = 2  # 2: "date" (was "measured")
-PROBE_SCHEMA = 1  # the row-invariance record (utils/invariance.py); raised when the probe or the paths change
+PROBE_SCHEMA = 1  # the row-invariance record (models/invariance.py); raised when the probe or the paths change
 
 
 def time_forward(lm: CachedModel, context: list[int], new: list[int], repeats: int) -> float:
@@ -263,7 +263,7 @@ def choose(calibration: Calibration, base: StrategySettings = StrategySettings()
 
 
 def pair_key(pair) -> dict:
-    """`machine_key` for a loaded pair (utils.loading.LoadedPair)."""
+    """`machine_key` for a loaded pair (models.loading.LoadedPair)."""
     drafter = pair.drafter  # by source, not name: two saved directories may carry the same model name
     return machine_key(pair.target.source, pair.target.format, drafter.source if drafter else None,
                        drafter.format if drafter else None, next(pair.target.model.parameters()).device)

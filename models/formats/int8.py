@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from utils.layers import replace_layers
+from models.formats.layers import replace_layers
 
 
 class Int8Linear(nn.Module):

@@ -25,9 +25,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from models.formats.layers import linear_weight
+from models.presets import ModelLoadError
 from utils.errors import one_line
-from utils.layers import linear_weight
-from utils.presets import ModelLoadError
 
 FORMAT = "specchat-head"
 KINDS = ("eagle", "medusa")
@@ -236,9 +236,9 @@ def compact(head: DraftHead, weights: str) -> DraftHead:
     """The head with its linear layers and output rows in int8 or int4 weights, bfloat16 activations (torch's CPU
     kernels, as the drafter model's low-bit formats): on a CPU a draft step reads its weights once per depth, and
     float32 reads of a few rows are slow there. Drafts only: the output stays lossless."""
-    from utils.int4 import Int4Linear, fits
-    from utils.int8 import Int8Linear
-    from utils.layers import replace_layers
+    from models.formats.int4 import Int4Linear, fits
+    from models.formats.int8 import Int8Linear
+    from models.formats.layers import replace_layers
 
     if weights not in ("int8", "int4"):
         raise ValueError(f"head weights are int8 or int4, not {weights!r}")

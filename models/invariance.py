@@ -23,7 +23,7 @@ import torch
 from torch import Tensor, nn
 from transformers.cache_utils import CacheLayerMixin
 
-from utils import row_attention
+from models import row_attention
 from utils.caching import CachedModel
 
 CONTEXT = 64  # cached tokens before the probed forwards

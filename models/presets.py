@@ -68,9 +68,7 @@ class Preset:
 PRESETS: dict[str, Preset] = {
     preset.name: preset
     for preset in (
-        # "auto" gives the drafter int4 weights on a bf16 CPU: a one-token 0.5B forward costs ~40 ms against ~80 ms
-        # int8 and ~180 ms bf16, and acceptance stays the same (12 prompts: speculative 1.80x -> 2.19x median over
-        # autoregressive). It keeps the drafter dense in float32, where quanto's low-bit kernels do not apply.
+        # "auto" gives the drafter int4 weights: the cheapest step at the same acceptance (docs/defaults.md)
         Preset(name="embedded", target="qwen2.5-coder-1.5b", drafter="qwen2.5-coder-0.5b", drafter_quantize="auto"),
         Preset(
             name="llama-3.2",

@@ -22,10 +22,10 @@ import torch
 import transformers
 from transformers import AutoModelForCausalLM, AutoTokenizer, GgufConfig, PreTrainedModel
 
+from models.gguf import ensure_assembled, locate_parts, pip_install_command, sha256_file, verify_file
+from models.presets import EmbeddedModel, ModelLoadError
 from utils.errors import one_line
 from utils.files import exclusive
-from utils.gguf import ensure_assembled, locate_parts, pip_install_command, sha256_file, verify_file
-from utils.presets import EmbeddedModel, ModelLoadError
 
 MARKER_NAME = "complete.json"
 

@@ -15,8 +15,8 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from utils.int4 import PackedInt4
-from utils.layers import linear_weight
+from models.formats.int4 import PackedInt4
+from models.formats.layers import linear_weight
 
 GROUP = 32  # Q4_K's sub-block: the weights that share a scale and a min
 BLOCK = 256  # weights per Q4_K block: fp16 d, fp16 dmin, 12 bytes of 6-bit scales and mins, 128 bytes of codes

@@ -2,8 +2,7 @@
 
 Groupwise asymmetric: each row's weights in groups of `GROUP` input features share a scale and a zero, found from the
 group's min and max (optimum-quanto's int4 recipe, so drafts are accepted as often). The module calls the kernel
-directly: a one-token forward of the 0.5B drafter at a 200-token context costs ~40 ms this way against ~48 ms through
-quanto's int4 tensor subclass (its autograd function and dispatch cost ~70 us per layer; 2-core CPU, bf16).
+directly, without the autograd function and dispatch of quanto's int4 tensor subclass (docs/formats.md).
 """
 
 from __future__ import annotations
@@ -11,7 +10,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from utils.layers import replace_layers
+from models.formats.layers import replace_layers
 
 GROUP = 128  # input features per scale/zero pair
 OUT_MULTIPLE = 16  # the packed layout takes output features by 16s

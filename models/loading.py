@@ -16,16 +16,16 @@ from safetensors import SafetensorError
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 from transformers.utils import logging as hf_logging
 
-from utils import q4k
-from utils.devices import resolve_device, resolve_dtype
+from models.devices import resolve_device, resolve_dtype
+from models.formats import q4k
+from models.formats.prepack import available as prepack_available
+from models.formats.prepack import is_prepacked, prepack
+from models.formats.quantize import activation_dtype, quantize_weights, resolve_quantize
+from models.gguf import pip_install_command
+from models.presets import EMBEDDED, ModelLoadError, default_cache_dir
+from models.store import embedded_gguf, embedded_hf_dir, gguf_file_hf_dir
+from models.vocab import check_same_vocab, end_token_ids
 from utils.errors import one_line
-from utils.gguf import pip_install_command
-from utils.model_cache import embedded_gguf, embedded_hf_dir, gguf_file_hf_dir
-from utils.prepack import available as prepack_available
-from utils.prepack import is_prepacked, prepack
-from utils.presets import EMBEDDED, ModelLoadError, default_cache_dir
-from utils.quantize import activation_dtype, quantize_weights, resolve_quantize
-from utils.vocab import check_same_vocab, end_token_ids
 
 
 @dataclass
@@ -106,7 +106,7 @@ def load_model(
 
 
 def _apply_q4k(model: PreTrainedModel, spec: str, source: _Source, cache_root: Path, progress: bool) -> None:
-    """The GGUF's own Q4_K tensors into `model`'s decoder linears (`utils.q4k`)."""
+    """The GGUF's own Q4_K tensors into `model`'s decoder linears (`models.formats.q4k`)."""
     if source.kind == "embedded":
         gguf = str(embedded_gguf(EMBEDDED[spec], cache_root, progress))
     elif source.gguf is not None:

@@ -6,7 +6,7 @@ from collections.abc import Iterable
 
 from transformers import GenerationConfig, PreTrainedTokenizerBase
 
-from utils.presets import ModelLoadError
+from models.presets import ModelLoadError
 
 # Tokens that close a chat turn in common templates. "<|endoftext|>" is left out on purpose: it ends
 # a turn only where it is the eos token, and then the eos ids already hold it.

@@ -25,6 +25,7 @@ class PausableThread(Generic[T]):
         self._work = work
         self._go = threading.Event()
         self._go.set()
+        self._waiting = threading.Event()  # set while the work waits at a pause
         self._pauses = 0
         self._lock = threading.Lock()
         self.result: T | None = None
@@ -38,6 +39,11 @@ class PausableThread(Generic[T]):
     @property
     def running(self) -> bool:
         return self._thread.is_alive()
+
+    @property
+    def waiting(self) -> bool:
+        """The work is held at a pause right now (not merely asked to be)."""
+        return self._waiting.is_set()
 
     def join(self, timeout: float | None = None) -> bool:
         """Wait for the work to end, resuming it if paused; True once it has."""
@@ -63,7 +69,9 @@ class PausableThread(Generic[T]):
 
     def _trace(self, frame, event, arg):
         if not self._go.is_set():
+            self._waiting.set()
             self._go.wait()
+            self._waiting.clear()
         return None  # no tracing inside the frame: only calls are seen
 
     def _run(self) -> None:

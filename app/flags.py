@@ -11,11 +11,11 @@ import argparse
 from dataclasses import dataclass
 from pathlib import Path
 
+from models.presets import QUANTIZE_CHOICES, ModelLoadError, check_device_name, check_dtype_name, check_preset_name
 from sampling.base import DecodeConfig
 from sampling.settings import CALIBRATED, StrategySettings
 from utils.checks import SettingError, integer
 from utils.logits_processor import make_processor
-from utils.presets import QUANTIZE_CHOICES, ModelLoadError, check_device_name, check_dtype_name, check_preset_name
 
 FLAG_OF_SETTING = {
     "gamma": "--gamma", "draft_alternatives": "--alternatives", "verify_width": "--verify-width",

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from utils.presets import EmbeddedModel, ModelLoadError
+from models.presets import EmbeddedModel, ModelLoadError
 
 EMBEDDED_REQUIREMENTS = "requirements-embedded.txt"
 _BLOCK_BYTES = 8 << 20

@@ -4,7 +4,7 @@ where oneDNN has native bf16 kernels (AVX512-BF16, AMX, AVX-NE-CONVERT).
 Through `F.linear` (plain layout), a float32 matmul of a few rows costs about as many one-row matmuls on a CPU
 without native bf16, so a verify of 8 tokens costs several decode steps. Reordered once into oneDNN's blocked layout
 (what inductor's freezing emits for CPU linears), the same weights serve 1-14 rows for little more than one, and a
-row's result is the same bits among 2..14 rows (where a lone row is computed otherwise, `utils.invariance` has the
+row's result is the same bits among 2..14 rows (where a lone row is computed otherwise, `models.invariance` has the
 steps run as two rows). torch's mkldnn ops are called directly: no maintained library packs weights for CPU GEMMs.
 Measured costs: docs/formats.md.
 """
@@ -14,7 +14,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from utils.layers import replace_layers
+from models.formats.layers import replace_layers
 
 PACK_ROWS = 14  # the row count oneDNN tunes the packed layout for: a verify's size
 
@@ -30,6 +30,7 @@ class PackedLinear(nn.Module):
     """`linear` with its float32 or bfloat16 weight in oneDNN's blocked layout; inputs and output keep that dtype."""
 
     packed: Tensor  # a buffer (register_buffer)
+    compile_blocker = "its weights are oneDNN-prepacked, which torch.compile cannot lower"  # CachedModel.compile_step
 
     def __init__(self, linear: nn.Linear, rows: int = PACK_ROWS):
         super().__init__()

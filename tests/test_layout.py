@@ -1,0 +1,48 @@
+"""The house's floors: a package imports only from its own floor or the floors below (docs/design.md's picture),
+and `utils/` holds the shared helpers only."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+from tests.helpers import REPO
+
+FLOORS = {"utils": 0, "models": 1, "sampling": 2, "app": 3, "chat": 4, "benchmarks": 4}  # entry scripts on top
+SHARED = {"__init__", "caching", "logits_processor", "checks", "errors", "files", "paths"}  # utils/: at most 4 more
+
+
+def imports(path: Path) -> set[str]:
+    """The top-level project packages `path` imports, at any depth of the file (lazy imports too)."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        names = ([a.name for a in node.names] if isinstance(node, ast.Import)
+                 else [node.module] if isinstance(node, ast.ImportFrom) and node.module and not node.level else [])
+        found |= {name.split(".")[0] for name in names}
+    return found & set(FLOORS)
+
+
+def test_no_package_imports_from_a_floor_above_its_own():
+    upward = [f"{path.relative_to(REPO)} imports {package}"
+              for floor_name, floor in FLOORS.items() for path in sorted((REPO / floor_name).rglob("*.py"))
+              for package in imports(path) if FLOORS[package] > floor]
+    assert upward == []
+
+
+def test_packages_on_one_floor_do_not_import_each_other():
+    # chat and benchmarks share a floor: neither may lean on the other
+    crossing = [f"{path.relative_to(REPO)} imports {package}" for name in ("chat", "benchmarks")
+                for path in sorted((REPO / name).rglob("*.py")) for package in imports(path)
+                if package != name and FLOORS[package] == FLOORS[name]]
+    assert crossing == []
+
+
+def test_utils_holds_the_shared_helpers_only():
+    assert {path.stem for path in (REPO / "utils").glob("*.py")} <= SHARED
+
+
+def test_no_module_is_longer_than_450_lines():
+    long = {str(path.relative_to(REPO)) for path in sorted(REPO.glob("**/*.py"))
+            if ".venv" not in path.parts and "tests" not in path.parts
+            and len(path.read_text(encoding="utf-8").splitlines()) > 450}
+    assert long == set()

@@ -1,0 +1,132 @@
+"""1. Data: the target answers the prompts in batches, its last hidden states kept with the answers; batches saved
+as they come, read back and checked on a resume."""
+
+from __future__ import annotations
+
+import sys
+from collections import Counter
+from pathlib import Path
+
+from training.budget import Budget
+from utils.errors import one_line
+from utils.files import write_atomically
+
+
+def make_data(model, tokenizer, prompts: list[str], out: Path, max_new_tokens: int, batch: int, budget: Budget,
+              share: float, progress: bool) -> list[dict]:
+    """Each prompt's answer and features, {"ids": (T,) long, "features": (T, H) half, "start": answer start, "prompt":
+    its text}, saved one batch per file; the prompts the batches already in `out` answered are not asked again,
+    whatever batch size made them."""
+    import torch
+    from tqdm import tqdm
+
+    from models.vocab import end_token_ids
+
+    out.mkdir(parents=True, exist_ok=True)
+    data, next_file = read_batches(out)
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    ends = set(end_token_ids(tokenizer, model.generation_config))
+    todo = unanswered(prompts, data)
+    bar = tqdm(total=len(prompts), initial=len(prompts) - len(todo), desc="answers", unit="prompt",
+               disable=not progress)
+    for first in range(0, len(todo), batch):
+        seconds = budget.left(share)
+        if seconds <= 0:
+            print(f"answers: the data share of the budget is spent after {len(data)} prompts", file=sys.stderr)
+            break
+        asked = todo[first:first + batch]
+        rows = [_chat_ids(tokenizer, prompt) for prompt in asked]
+        data_rows = [{**row, "prompt": prompt}
+                     for row, prompt in zip(_answer(model, rows, pad, ends, max_new_tokens, seconds), asked,
+                                            strict=True)]
+        file = out / f"batch-{next_file:04d}.pt"
+        write_atomically(file, lambda temporary, rows=data_rows: torch.save(rows, temporary))
+        next_file += 1
+        data += data_rows
+        bar.update(len(rows))
+    bar.close()
+    return data
+
+
+def read_batches(out: Path) -> tuple[list[dict], int]:
+    """The answers in `out`'s batch files, and the number the next file takes; a damaged file is named and skipped (its
+    prompts are answered again)."""
+    import torch
+
+    data, next_file = [], 0
+    for file in sorted(out.glob("batch-*.pt"), key=lambda f: (len(f.name), f.name)):
+        number = file.stem.removeprefix("batch-")
+        next_file = max(next_file, int(number) + 1) if number.isdigit() else next_file
+        try:
+            rows = torch.load(file, weights_only=True)
+            problem = _batch_problem(rows)
+        except Exception as error:  # noqa: BLE001 (whatever a cut or foreign file raises: it is made again)
+            problem = one_line(error)
+        if problem:
+            print(f"warning: {file} is damaged ({problem}): skipped, its prompts are answered again", file=sys.stderr)
+            continue
+        data += rows
+    return data, next_file
+
+
+def _batch_problem(rows) -> str | None:
+    import torch
+
+    for row in rows if isinstance(rows, list) else [None]:
+        if not isinstance(row, dict) or not isinstance(row.get("ids"), torch.Tensor) \
+                or not isinstance(row.get("features"), torch.Tensor) or not isinstance(row.get("start"), int):
+            return "not a list of answers"
+        if row["ids"].dim() != 1 or row["features"].dim() != 2 or len(row["features"]) != len(row["ids"]) - 1:
+            return "an answer's ids and features do not match"
+    return None
+
+
+def unanswered(prompts: list[str], data: list[dict]) -> list[str]:
+    """The prompts (in order) that no answer in `data` records; answers saved before prompts were recorded stand for
+    the first prompts, in order (as they were made)."""
+    answered = Counter(row["prompt"] for row in data if "prompt" in row)
+    unrecorded = sum("prompt" not in row for row in data)
+    todo = []
+    for prompt in prompts:
+        if answered[prompt] > 0:
+            answered[prompt] -= 1
+        elif unrecorded > 0:
+            unrecorded -= 1
+        else:
+            todo.append(prompt)
+    return todo
+
+
+def _chat_ids(tokenizer, prompt: str) -> list[int]:
+    from benchmarks.prompts import chat_ids
+
+    return chat_ids(tokenizer, [{"role": "user", "content": prompt}])
+
+
+def _answer(model, rows: list[list[int]], pad: int, ends: set[int], max_new_tokens: int, seconds: float,
+            ) -> list[dict]:
+    """Greedy answers of a batch (left-padded), with the last hidden state of every prompt and answer token; cut
+    short after `seconds` (the budget's: an answer cut short is still the target's own text)."""
+    import torch
+
+    width = max(map(len, rows))
+    ids = torch.tensor([[pad] * (width - len(r)) + r for r in rows])
+    mask = torch.tensor([[0] * (width - len(r)) + [1] * len(r) for r in rows])
+    with torch.inference_mode():
+        out = model.generate(input_ids=ids.to(model.device), attention_mask=mask.to(model.device), do_sample=False,
+                             max_new_tokens=max_new_tokens, output_hidden_states=True, return_dict_in_generate=True,
+                             pad_token_id=pad, eos_token_id=sorted(ends) or None, temperature=None, top_p=None,
+                             top_k=None, max_time=seconds)
+    # step 0 holds the prompt's positions, each later step one position: the token fed there
+    features = torch.cat([step[-1] for step in out.hidden_states], 1).to(torch.float16).cpu()  # (B, width + n - 1, H)
+    sequences = out.sequences.cpu()
+    result = []
+    for b, prompt in enumerate(rows):
+        answer = sequences[b, width:].tolist()
+        stop = next((i + 1 for i, t in enumerate(answer) if t in ends), len(answer))
+        answer = answer[:stop]
+        seq = prompt + answer
+        # features for every token but the last (its hidden state was never computed)
+        feats = features[b, width - len(prompt): width + len(answer) - 1]
+        result.append({"ids": torch.tensor(seq), "features": feats.clone(), "start": len(prompt)})
+    return result
