@@ -228,9 +228,7 @@ def run(args: argparse.Namespace, chosen: Decoding, console: Console, errors: Co
                           heads=heads)
     session.keep_settings = chosen.explicit
     session.warm_up()
-    probe_session(session, pair, args.cache_dir, errors, quiet=args.json)
-    if args.calibrate:
-        calibrate_session(session, pair, args.cache_dir, errors, quiet=args.json)
+    prepare_session(session, pair, args.cache_dir, errors, quiet=args.json, calibrate=args.calibrate)
     compile_drafter = args.compile if args.compile is not None else not one_shot and compiles_by_default(pair)
     if compile_drafter and pair.drafter is not None:
         session.compile_drafter()
@@ -245,28 +243,25 @@ def run(args: argparse.Namespace, chosen: Decoding, console: Console, errors: Co
     return app.run()
 
 
-def probe_session(session, pair, cache_dir: Path | None, errors: Console, quiet: bool) -> None:
-    """The target's path on which a verify rounds as the one-token steps do (probed once per machine and models)."""
+def prepare_session(session, pair, cache_dir: Path | None, errors: Console, quiet: bool, calibrate: bool) -> None:
+    """The target's path on which a verify rounds as the one-token steps do, then (`calibrate`) the drafting
+    settings for this machine's measured costs: each probed or timed once per machine, models and formats."""
     from app.calibration import pair_key
 
-    status = contextlib.nullcontext() if quiet else errors.status("checking that this machine verifies as it steps "
-                                                                  "(once) …")
-    with status:
-        invariance, probed = session.probe(cache_dir or default_cache_dir(), pair_key(pair))
-    if not invariance.exact:
-        errors.print(f"greedy identity: {invariance.summary}", style="yellow", markup=False, soft_wrap=True)
-    elif probed and not quiet:
-        errors.print(f"greedy identity: {invariance.summary}", style="dim", markup=False, soft_wrap=True)
+    cache, key = cache_dir or default_cache_dir(), pair_key(pair)
 
+    def status(text: str):
+        return contextlib.nullcontext() if quiet else errors.status(text)
 
-def calibrate_session(session, pair, cache_dir: Path | None, errors: Console, quiet: bool) -> None:
-    """The drafting settings for this machine's measured costs (timed once per machine, models and formats)."""
-    from app.calibration import pair_key
-
-    key = pair_key(pair)
-    status = contextlib.nullcontext() if quiet else errors.status("timing this machine's forwards (once) …")
-    with status:
-        tuning = session.calibrate(cache_dir or default_cache_dir(), key)
+    with status("checking that this machine verifies as it steps (once) …"):
+        invariance, probed = session.probe(cache, key)
+    if not invariance.exact or (probed and not quiet):
+        errors.print(f"greedy identity: {invariance.summary}", style="dim" if invariance.exact else "yellow",
+                     markup=False, soft_wrap=True)
+    if not calibrate:
+        return
+    with status("timing this machine's forwards (once) …"):
+        tuning = session.calibrate(cache, key)
     if tuning.damaged:
         errors.print(tuning.damaged, style="yellow", markup=False, soft_wrap=True)
     if tuning.measured and not quiet:
