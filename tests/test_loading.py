@@ -19,9 +19,11 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
+import kernels
 from models import devices, gguf
 from models import store as model_cache
 from models.devices import cpuinfo_has_bf16, resolve_device, resolve_dtype
+from models.formats.blocks import BlockLinear
 from models.formats.int8 import Int8Linear
 from models.formats.prepack import PackedLinear
 from models.formats.q4k import Q4KLinear
@@ -266,7 +268,7 @@ def test_auto_preset_follows_cuda():
 
 def test_presets_name_the_documented_models():
     assert PRESETS["embedded"] == Preset("embedded", "qwen2.5-coder-1.5b", "qwen2.5-coder-0.5b",
-                                         drafter_quantize="auto")
+                                         target_quantize="gguf", drafter_quantize="auto")
     llama = resolve_preset("llama-3.2", cuda_available=False)
     assert (llama.target, llama.drafter) == ("meta-llama/Llama-3.2-3B-Instruct", "meta-llama/Llama-3.2-1B-Instruct")
     assert (llama.target_quantize, llama.drafter_quantize, llama.device) == ("int8", "int8", "cuda")
@@ -767,6 +769,30 @@ def test_q4k_needs_a_gguf_file_and_a_cpu(tmp_path, monkeypatch):
                    progress=False)
     with pytest.raises(ModelLoadError, match="not on cuda"):
         resolve_quantize("q4k", torch.float32, torch.device("cuda"))
+
+
+@pytest.mark.skipif(kernels.unavailable() is not None, reason=f"kernels: {kernels.unavailable()}")
+def test_gguf_runs_the_files_own_blocks_and_auto_takes_it_where_a_gguf_file_is(tmp_path, monkeypatch):
+    gguf_path, directory = q4k_gguf(tmp_path, monkeypatch)
+    cache = tmp_path / "cache"
+    loaded = load_model(str(gguf_path), device="cpu", quantize="gguf", cache_dir=cache, progress=False)
+    reference = load_model(str(gguf_path), device="cpu", dtype="float32", cache_dir=cache, progress=False)
+    assert loaded.quantize == "gguf" and "Q4_K blocks" in loaded.format and loaded.dense is None
+    assert len([m for m in loaded.model.modules() if isinstance(m, BlockLinear)]) == 2 * 7
+    assert {p.dtype for p in loaded.model.parameters()} == {torch.float32}
+    ids = torch.tensor([[3, 8, 1, 9, 4]])
+    with torch.inference_mode():
+        got, expected = loaded.model(ids).logits, reference.model(ids).logits
+    assert (got - expected).abs().max() <= 3e-2 * expected.abs().max()
+    assert load_model(str(gguf_path), device="cpu", quantize="auto", cache_dir=cache, progress=False).quantize == "gguf"
+
+
+def test_gguf_without_a_gguf_file_says_so_and_loads_the_dense_weights(tmp_path, monkeypatch, capsys):
+    gguf_path, directory = q4k_gguf(tmp_path, monkeypatch)
+    loaded = load_model(str(directory), device="cpu", quantize="gguf", progress=False)
+    assert loaded.quantize == "none" and not any(isinstance(m, BlockLinear) for m in loaded.model.modules())
+    assert "no gguf weights (a directory model has no GGUF file)" in capsys.readouterr().err
+    assert load_model(str(directory), device="cpu", quantize="auto", progress=False).quantize == "int4"
 
 
 def test_an_embedded_gguf_assembled_before_serves_without_the_wheels(tmp_path):

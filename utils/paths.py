@@ -15,3 +15,8 @@ def output_dir_problem(path: Path, flag: str = "--out") -> str | None:
     if not os.access(existing, os.W_OK | os.X_OK):
         return f"{flag} {path}: {existing} is not writable: give a directory you can write to"
     return None
+
+
+def default_cache_dir() -> Path:
+    """Where converted models, calibrations and built kernels are kept."""
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "specchat"

@@ -21,6 +21,14 @@ def resolve_quantize(quantize: str, dtype: torch.dtype, device: torch.device, dt
     bring their own bfloat16 activations (`activation_dtype`)."""
     if quantize not in QUANTIZE_CHOICES:
         raise ModelLoadError(f"Unknown quantize {quantize!r}; use one of: {', '.join(QUANTIZE_CHOICES)}.")
+    if quantize == "gguf":
+        if device.type != "cpu":
+            raise ModelLoadError(f"gguf weights run on the project's CPU kernels, not on {device.type}. "
+                                 f"Fix: add --device cpu.")
+        if dtype_given and dtype != torch.float32:
+            raise ModelLoadError(f"gguf keeps everything but its block layers in float32, not "
+                                 f"{str(dtype).removeprefix('torch.')}. Fix: add --dtype float32 (or auto).")
+        return quantize
     if quantize == "q4k":
         if device.type != "cpu":
             raise ModelLoadError(f"q4k weights run on torch's packed int4 CPU kernel, not on {device.type}. "
@@ -46,8 +54,8 @@ def resolve_quantize(quantize: str, dtype: torch.dtype, device: torch.device, dt
 
 def activation_dtype(quantize: str, dtype: torch.dtype, device: torch.device) -> torch.dtype:
     """The dtype a model with these weights computes in: bfloat16 for low-bit CPU weights, float32 for q4k (bfloat16
-    only inside its Q4_K layers), else `dtype`."""
-    if quantize == "q4k":
+    only inside its Q4_K layers) and gguf (int8 activations inside its block layers), else `dtype`."""
+    if quantize in ("q4k", "gguf"):
         return torch.float32
     return torch.bfloat16 if quantize in LOW_BIT_CPU and device.type == "cpu" else dtype
 

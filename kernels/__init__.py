@@ -1,0 +1,52 @@
+"""The project's CPU kernels: matmuls over a GGUF tensor's own blocks (Q4_K, Q6_K, Q5_0, Q8_0) for 1..16 rows and
+tiled for prefill, activations rounded to int8 per block; each row's result has the same bits whatever the number of
+rows. A torch op (`torch.ops.specchat.gguf_mm`), built from csrc/ by `kernels.build`.
+"""
+
+from __future__ import annotations
+
+from functools import cache
+from pathlib import Path
+
+import torch
+from torch import Tensor
+
+from kernels.build import BuildError, build
+
+# GGML type id -> (weights, bytes) per block, as csrc/blocks.h reads them
+BLOCKS = {"Q5_0": (6, 32, 22), "Q8_0": (8, 32, 34), "Q4_K": (12, 256, 144), "Q6_K": (14, 256, 210)}
+
+
+@cache
+def _loaded(cache_dir: Path | None = None) -> str | None:
+    """Load the library (building it if needed); None where it loads, else why not (one line)."""
+    try:
+        torch.ops.load_library(str(build(cache_dir)))
+    except (BuildError, OSError) as error:
+        return str(error).splitlines()[0] if str(error) else type(error).__name__
+    if not torch.ops.specchat.gguf_isa():
+        return "this CPU has no AVX2 and FMA"
+    torch.library.register_fake("specchat::gguf_mm")(_fake_mm)
+    return None
+
+
+def _fake_mm(x: Tensor, w: Tensor, ggml_type: int, out_features: int, bias: Tensor | None = None) -> Tensor:
+    return x.new_empty(x.shape[0], out_features)
+
+
+def unavailable(cache_dir: Path | None = None) -> str | None:
+    """Why the kernels cannot run here (one line), or None where they can."""
+    return _loaded(cache_dir)
+
+
+def isa() -> str:
+    """The instruction set the kernels run with here ("avx2"), or "" where they cannot run."""
+    return "" if unavailable() else str(torch.ops.specchat.gguf_isa())
+
+
+def matmul(x: Tensor, blocks: Tensor, block_type: str, out_features: int, bias: Tensor | None = None) -> Tensor:
+    """x (rows, in) float32 times the weights (out_features, in) held as GGUF blocks: uint8 (out_features, bytes of
+    one row); bias float32 or None. Float32 (rows, out_features)."""
+    if (reason := unavailable()) is not None:
+        raise RuntimeError(f"the GGUF block kernels cannot run here: {reason}")
+    return torch.ops.specchat.gguf_mm(x, blocks, BLOCKS[block_type][0], out_features, bias)

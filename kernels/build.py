@@ -1,0 +1,82 @@
+"""Building the kernels' shared library with g++ against the installed torch, once per source and torch version.
+
+`python -m kernels.build` (run by setup.sh) builds it into the cache dir; a later start only loads it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import subprocess
+import sys
+import sysconfig
+import tempfile
+from pathlib import Path
+
+import torch
+from torch.utils import cpp_extension
+
+from utils.paths import default_cache_dir
+
+SOURCES = Path(__file__).parent / "csrc"
+ABI = f"-D_GLIBCXX_USE_CXX11_ABI={int(torch._C._GLIBCXX_USE_CXX11_ABI)}"
+COMMON = ["-std=c++17", "-O3", "-fPIC", "-ffp-contract=off", ABI]  # no contraction: the float steps as written
+# each instruction set's kernels built with its own flags; the op (ops.cpp) picks one at run time
+UNITS = {"ops.cpp": ["-fopenmp"], "blocks_avx2.cpp": ["-mavx2", "-mfma", "-mf16c"]}
+LIBRARY = "specchat_kernels.so"
+
+
+class BuildError(RuntimeError):
+    """The kernels could not be built; the message holds the compiler's last lines."""
+
+
+def compiler() -> str | None:
+    return os.environ.get("CXX") or shutil.which("g++") or shutil.which("c++")
+
+
+def library_path(cache_dir: Path | None = None) -> Path:
+    """Where the library built from these sources for this torch lives (its name changes with either)."""
+    digest = hashlib.sha256(torch.__version__.encode())
+    for path in sorted(SOURCES.iterdir()):
+        digest.update(path.name.encode() + path.read_bytes())
+    digest.update(repr((COMMON, UNITS)).encode())
+    return (cache_dir or default_cache_dir()) / "kernels" / digest.hexdigest()[:16] / LIBRARY
+
+
+def build(cache_dir: Path | None = None) -> Path:
+    """The library's path, compiled first if it is not there (into a temporary directory, then moved in place)."""
+    target = library_path(cache_dir)
+    if target.is_file():
+        return target
+    cxx = compiler()
+    if cxx is None:
+        raise BuildError("no C++ compiler (g++) found")
+    includes = [f"-I{path}" for path in (*cpp_extension.include_paths(), sysconfig.get_paths()["include"])]
+    torch_lib = str(Path(torch.__file__).parent / "lib")
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=target.parent) as temp:
+        objects = []
+        for unit, flags in UNITS.items():
+            obj = Path(temp) / (unit + ".o")
+            _run([cxx, *COMMON, *flags, *includes, "-c", str(SOURCES / unit), "-o", str(obj)])
+            objects.append(str(obj))
+        built = Path(temp) / LIBRARY
+        _run([cxx, "-shared", "-fopenmp", *objects, f"-L{torch_lib}", f"-Wl,-rpath,{torch_lib}", "-lc10", "-ltorch_cpu",
+              "-ltorch", "-o", str(built)])
+        os.replace(built, target)
+    return target
+
+
+def _run(command: list[str]) -> None:
+    done = subprocess.run(command, capture_output=True, text=True)
+    if done.returncode != 0:
+        tail = "\n".join((done.stderr or done.stdout).strip().splitlines()[-15:])
+        raise BuildError(f"{Path(command[0]).name} failed:\n{tail}")
+
+
+if __name__ == "__main__":
+    try:
+        print(f"kernels: {build()}")
+    except BuildError as error:
+        print(f"kernels not built ({error}); the app runs on its other weight formats", file=sys.stderr)

@@ -1,0 +1,49 @@
+// Matmul of float activations with weights in GGUF blocks (Q4_K, Q6_K, Q5_0, Q8_0): the interface between the
+// torch op (ops.cpp) and one instruction set's kernels (blocks_<isa>.cpp), free of torch headers.
+#pragma once
+#include <cstdint>
+
+namespace specchat {
+
+// GGML's type ids, as the GGUF file names them.
+enum BlockType : int64_t { Q5_0 = 6, Q8_0 = 8, Q4_K = 12, Q6_K = 14 };
+
+struct BlockFormat {
+  int64_t weights;  // per block
+  int64_t bytes;    // per block
+};
+
+inline bool block_format(int64_t type, BlockFormat* format) {
+  switch (type) {
+    case Q5_0: *format = {32, 22}; return true;
+    case Q8_0: *format = {32, 34}; return true;
+    case Q4_K: *format = {256, 144}; return true;
+    case Q6_K: *format = {256, 210}; return true;
+    default: return false;
+  }
+}
+
+// Activations rounded to int8, one float scale per block of `group` values (256 for the K-quants, 32 otherwise), and
+// the sums of each 16 consecutive int8 values (the weights' offsets and mins are applied through them).
+struct Activations {
+  const int8_t* q;   // (rows, k)
+  const float* d;    // (rows, k / group)
+  const int16_t* s;  // (rows, k / 16)
+  int64_t k;
+  int64_t group;
+};
+
+struct Kernels {
+  const char* name;
+  // Rows [row0, row0 + rows) of x (rows, k) float32 into q, d, s of `a` (whose pointers are cast back to writable).
+  void (*quantize)(const float* x, int64_t row0, int64_t rows, const Activations& a);
+  // out[m, n] = sum_k x[m, k] * w[n, k] (+ bias[n]) for rows [row0, row0 + rows) and columns [n0, n1).
+  void (*matmul)(int64_t type, const uint8_t* w, int64_t row_bytes, const Activations& a, int64_t row0,
+                 int64_t rows, const float* bias, float* out, int64_t n_out, int64_t n0, int64_t n1);
+};
+
+namespace avx2 {
+extern const Kernels kernels;
+}
+
+}  // namespace specchat

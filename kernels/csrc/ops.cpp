@@ -1,0 +1,78 @@
+// The torch ops: specchat::gguf_mm (float32 rows times a GGUF tensor's blocks) and specchat::gguf_isa.
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <torch/library.h>
+
+#include <string>
+
+#include "blocks.h"
+
+namespace specchat {
+namespace {
+
+constexpr int64_t kRowTile = 16;  // rows whose int8 activations stay in L2 while every weight block meets them
+
+const Kernels* chosen() {
+  static const Kernels* kernels = [] {
+    __builtin_cpu_init();
+    const bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+    return avx2 ? &avx2::kernels : nullptr;
+  }();
+  return kernels;
+}
+
+std::string gguf_isa() {
+  const Kernels* kernels = chosen();
+  return kernels ? kernels->name : "";
+}
+
+at::Tensor gguf_mm(const at::Tensor& x, const at::Tensor& w, int64_t type, int64_t n_out,
+                   const c10::optional<at::Tensor>& bias) {
+  const Kernels* kernels = chosen();
+  TORCH_CHECK(kernels, "specchat::gguf_mm needs a CPU with AVX2 and FMA");
+  BlockFormat format;
+  TORCH_CHECK(block_format(type, &format), "specchat::gguf_mm: GGML type ", type, " is not supported");
+  TORCH_CHECK(x.device().is_cpu() && x.scalar_type() == at::kFloat && x.dim() == 2,
+              "specchat::gguf_mm: x must be a 2-D float32 CPU tensor");
+  TORCH_CHECK(w.device().is_cpu() && w.scalar_type() == at::kByte && w.dim() == 2 && w.is_contiguous() &&
+                  w.size(0) == n_out, "specchat::gguf_mm: w must be contiguous uint8 (out_features, row bytes)");
+  const int64_t rows = x.size(0), k = x.size(1);
+  TORCH_CHECK(k % format.weights == 0 && w.size(1) == k / format.weights * format.bytes,
+              "specchat::gguf_mm: ", k, " inputs do not fill the rows of ", w.size(1), " bytes");
+  const float* bias_data = nullptr;
+  at::Tensor bias_tensor;
+  if (bias.has_value()) {
+    bias_tensor = bias->contiguous();
+    TORCH_CHECK(bias_tensor.scalar_type() == at::kFloat && bias_tensor.numel() == n_out,
+                "specchat::gguf_mm: bias must be float32 with out_features values");
+    bias_data = bias_tensor.data_ptr<float>();
+  }
+  const at::Tensor input = x.contiguous();
+  const int64_t group = format.weights == 256 ? 256 : 32;
+  at::Tensor q = at::empty({rows, k}, x.options().dtype(at::kChar));
+  at::Tensor d = at::empty({rows, k / group}, x.options());
+  at::Tensor s = at::empty({rows, k / 16}, x.options().dtype(at::kShort));
+  const Activations a{q.data_ptr<int8_t>(), d.data_ptr<float>(), s.data_ptr<int16_t>(), k, group};
+  at::Tensor out = at::empty({rows, n_out}, x.options());
+  const float* x_data = input.data_ptr<float>();
+  at::parallel_for(0, rows, 1, [&](int64_t begin, int64_t end) { kernels->quantize(x_data, begin, end - begin, a); });
+  const uint8_t* weights = w.data_ptr<uint8_t>();
+  float* out_data = out.data_ptr<float>();
+  for (int64_t row0 = 0; row0 < rows; row0 += kRowTile) {
+    const int64_t count = std::min(kRowTile, rows - row0);
+    at::parallel_for(0, n_out, 8, [&](int64_t n0, int64_t n1) {
+      kernels->matmul(type, weights, w.size(1), a, row0, count, bias_data, out_data, n_out, n0, n1);
+    });
+  }
+  return out;
+}
+
+}  // namespace
+}  // namespace specchat
+
+TORCH_LIBRARY(specchat, m) {
+  m.def("gguf_mm(Tensor x, Tensor w, int ggml_type, int out_features, Tensor? bias=None) -> Tensor");
+  m.def("gguf_isa() -> str", &specchat::gguf_isa);
+}
+
+TORCH_LIBRARY_IMPL(specchat, CPU, m) { m.impl("gguf_mm", &specchat::gguf_mm); }

@@ -1,0 +1,97 @@
+"""The GGUF block kernels (kernels/): every format against a float64 dequantize-and-matmul on random blocks, and each
+row's bits independent of the number of rows and of the threads."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+import kernels
+
+pytestmark = pytest.mark.skipif(kernels.unavailable() is not None, reason=f"kernels: {kernels.unavailable()}")
+
+
+def random_blocks(block_type: str, rows: int, cols: int, seed: int = 0) -> np.ndarray:
+    """Random bytes in `block_type`'s layout, (rows, bytes per row), with finite small fp16 scales."""
+    rng = np.random.default_rng(seed)
+    _, per_block, block_bytes = kernels.BLOCKS[block_type]
+    count = rows * cols // per_block
+    raw = rng.integers(0, 256, (count, block_bytes), dtype=np.uint8)
+
+    def half(low: float, high: float) -> np.ndarray:
+        return rng.uniform(low, high, (count, 1)).astype(np.float16).view(np.uint8)
+
+    if block_type == "Q4_K":
+        raw[:, 0:2], raw[:, 2:4] = half(1e-3, 2e-2), half(1e-3, 2e-2)  # d, dmin
+    elif block_type == "Q6_K":
+        raw[:, 208:210] = half(-2e-2, 2e-2)
+    else:
+        raw[:, 0:2] = half(-2e-2, 2e-2)
+    return raw.reshape(rows, -1)
+
+
+def dequantized(raw: np.ndarray, block_type: str, cols: int) -> np.ndarray:
+    from gguf import GGMLQuantizationType, quants
+
+    return quants.dequantize(raw, GGMLQuantizationType[block_type]).reshape(len(raw), cols).astype(np.float64)
+
+
+def int8_rows(x: np.ndarray, group: int) -> np.ndarray:
+    """x as the kernels round it: int8 per `group` values, scale max|x| / 127 (float32), in float64."""
+    groups = x.reshape(len(x), -1, group)
+    top = np.abs(groups).max(-1, keepdims=True)
+    inverse = np.where(top > 0, np.float32(127) / np.where(top > 0, top, 1), 0).astype(np.float32)
+    codes = np.clip(np.rint(groups * inverse), -127, 127)
+    return (codes * (top / np.float32(127)).astype(np.float32)).astype(np.float64).reshape(x.shape)
+
+
+@pytest.mark.parametrize("block_type", list(kernels.BLOCKS))
+@pytest.mark.parametrize("rows", [1, 3, 16, 21])  # one step, a verify, a full tile, prefill past a tile
+def test_each_format_matches_a_float64_dequantize_and_matmul(block_type, rows):
+    out_features, in_features = 24, 512
+    raw = random_blocks(block_type, out_features, in_features)
+    weight = dequantized(raw, block_type, in_features)
+    x = np.random.default_rng(1).standard_normal((rows, in_features)).astype(np.float32)
+    bias = np.random.default_rng(2).standard_normal(out_features).astype(np.float32)
+    got = kernels.matmul(torch.from_numpy(x), torch.from_numpy(raw), block_type, out_features,
+                         torch.from_numpy(bias)).double().numpy()
+    group = kernels.BLOCKS[block_type][1]
+    same_inputs = int8_rows(x, group) @ weight.T + bias  # what the kernel computes, in float64
+    exact = x.astype(np.float64) @ weight.T + bias
+    size = np.abs(exact).max()
+    assert np.abs(got - same_inputs).max() <= 1e-5 * size  # float32 sums of exact integer dot products
+    assert np.abs(got - exact).max() <= 3e-2 * size  # the int8 rounding of the activations
+
+
+@pytest.mark.parametrize("block_type", list(kernels.BLOCKS))
+def test_a_row_has_the_same_bits_whatever_the_rows_beside_it_and_the_threads(block_type):
+    out_features, in_features = 40, 768 if kernels.BLOCKS[block_type][1] == 256 else 96
+    raw = torch.from_numpy(random_blocks(block_type, out_features, in_features, seed=3))
+    x = torch.randn(20, in_features, generator=torch.Generator().manual_seed(4))
+    alone = torch.cat([kernels.matmul(x[i : i + 1], raw, block_type, out_features) for i in range(len(x))])
+    for rows in (2, 3, 4, 5, 8, 13, 16, 17, 20):
+        assert torch.equal(kernels.matmul(x[:rows], raw, block_type, out_features), alone[:rows]), rows
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        single = kernels.matmul(x, raw, block_type, out_features)
+    finally:
+        torch.set_num_threads(threads)
+    assert torch.equal(single, alone)
+
+
+def test_inputs_that_do_not_fit_the_blocks_are_refused_with_the_reason():
+    raw = torch.from_numpy(random_blocks("Q8_0", 4, 64))
+    with pytest.raises(RuntimeError, match="do not fill the rows"):
+        kernels.matmul(torch.randn(2, 96), raw, "Q8_0", 4)
+    with pytest.raises(RuntimeError, match="float32"):
+        kernels.matmul(torch.randn(2, 64, dtype=torch.float64), raw, "Q8_0", 4)
+
+
+def test_the_library_is_built_once_and_found_again(tmp_path):
+    from kernels.build import build, library_path
+
+    assert library_path(tmp_path) == library_path(tmp_path)
+    assert not library_path(tmp_path).exists()
+    assert build().exists() and build() == library_path()  # the default one is there: the suite has loaded it
