@@ -22,7 +22,7 @@ if __name__ == "__main__":  # before the imports below: a Ctrl-C while they load
 import argparse
 import datetime
 import shlex
-from dataclasses import asdict, replace
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -40,14 +40,16 @@ from app.flags import (
 # is refused at once, not after seconds of imports.
 from benchmarks.names import HF_BASELINES, LLAMACPP, REFERENCE
 from benchmarks.prompts import DEFAULT_PROMPTS, Prompt, load_prompts
-from models.presets import EMBEDDED, ModelLoadError, default_cache_dir, resolve_preset
-from sampling.settings import NEEDS_DRAFTER, NEEDS_HEAD, STRATEGIES
+from models.presets import ModelLoadError, default_cache_dir, resolve_preset
+from sampling.settings import NEEDS_DRAFTER, NEEDS_HEAD, STRATEGIES, StrategySettings
 from utils.checks import SettingError, integer
 from utils.paths import output_dir_problem
 
 if TYPE_CHECKING:
-    from benchmarks.llamacpp import LlamaCpp
-    from models.loading import LoadedPair
+    from app.calibration import Calibration
+    from benchmarks.runner import Encoder, RunSettings
+    from models.invariance import Invariance
+    from models.loading import LoadedModel, LoadedPair
     from utils.caching import CachedModel
 
 NOT_BY_DEFAULT = ("drafter", "beam")  # not speculative methods: measured only when asked for
@@ -81,7 +83,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--cost-repeats", type=int, help="timed forwards per cost measurement (default 7, 3 quick)")
     decoding_flags = p.add_argument_group("decoding")
     add_decoding_flags(decoding_flags, max_new_tokens=None, seed=0,
-                       max_new_tokens_help=f"default {FULL_TOKENS} ({QUICK_TOKENS} with --quick)")
+                       max_new_tokens_default=f"default {FULL_TOKENS} ({QUICK_TOKENS} with --quick)")
     out = p.add_argument_group("output")
     out.add_argument("--out", type=Path, help="output directory (default bench_results/<timestamp>/)")
     out.add_argument("--resume", action="store_true", help="continue the interrupted run in --out: prompts already "
@@ -150,14 +152,6 @@ def model_specs(args: argparse.Namespace) -> tuple[ModelChoice, str | None]:
     return choice, None if universal == "none" else universal
 
 
-def timing_context(prompts, encode, max_new_tokens: int, limit: int) -> list[int]:
-    """A typical context: the median first-turn prompt plus half the new tokens (its own ids repeated)."""
-    lengths = sorted((len(ids), ids) for ids in (encode([{"role": "user", "content": p.turns[0]}]) for p in prompts))
-    ids = lengths[len(lengths) // 2][1]
-    wanted = min(len(ids) + max_new_tokens // 2, limit)
-    return (ids * (wanted // len(ids) + 1))[:wanted]
-
-
 def select_prompts(args: argparse.Namespace) -> list[Prompt]:
     """The prompts to measure (--prompts, --categories, --limit, --quick); ValueError or FileNotFoundError, one line,
     for a bad file or selection."""
@@ -188,42 +182,44 @@ def check_output_dir(out: Path, resume: bool) -> None:
                          "another --out")
 
 
-def llamacpp_contestant(name: str, pair: LoadedPair, args: argparse.Namespace) -> tuple[LlamaCpp | None, str | None]:
-    """llama.cpp on the GGUF files the embedded pair comes from (None and why where it cannot run)."""
-    import torch
+@dataclass(frozen=True)
+class Models:
+    """What the benchmark loaded: the pair with its heads, hf_universal's drafter, and our cached models."""
 
-    from benchmarks.llamacpp import LlamaCpp, binary, missing_reason
-    from models.store import embedded_gguf
+    choice: ModelChoice
+    pair: LoadedPair
+    heads: dict
+    universal: LoadedModel | None
+    target_lm: CachedModel
+    drafter_lm: CachedModel | None
 
-    cache_dir = args.cache_dir or default_cache_dir()
-    reason = missing_reason(cache_dir, name)
-    if reason is not None:
-        return None, reason
-    names = [pair.target.name] + ([pair.drafter.name] if name == "llamacpp_speculative" and pair.drafter else [])
-    if any(n not in EMBEDDED for n in names):
-        return None, "llama.cpp runs the embedded models' GGUF files: load an embedded pair"
-    if name == "llamacpp_speculative" and pair.drafter is None:
-        return None, "no drafter model loaded"
-    ggufs = [embedded_gguf(EMBEDDED[n], cache_dir) for n in names]
-    tokenizer = pair.target.tokenizer
-    return LlamaCpp(name, binary(cache_dir, name), ggufs[0], ggufs[1] if len(ggufs) > 1 else None,
-                    threads=torch.get_num_threads(),
-                    render=lambda ids: tokenizer.decode(ids, skip_special_tokens=False),
-                    tokenize=lambda text: tokenizer.encode(text, add_special_tokens=False),
-                    end_ids=pair.end_ids), None
+
+@dataclass(frozen=True)
+class Started:
+    """What the start found out and chose: the target's path, the settings (calibrated), the drafter's compile."""
+
+    identity: Invariance
+    settings: StrategySettings
+    calibration: Calibration | None
+    compiled: float | None  # seconds the drafter's compile took; None: not compiled
+
+
+@dataclass(frozen=True)
+class Measured:
+    """The interleaved run: every measurement, and what the report says about the run."""
+
+    contestants: list
+    skipped: list[dict]
+    measurements: list
+    skipped_prompts: list
+    run_settings: RunSettings
+    encoder: Encoder
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if args.results_page:
-        from benchmarks.report import results_page
-
-        page, runs, skipped_runs = results_page(RESULTS_DIR)
-        for reason in skipped_runs:
-            print(f"warning: skipped {reason}", file=sys.stderr)
-        RESULTS_PAGE.write_text(page, encoding="utf-8")
-        print(f"wrote {RESULTS_PAGE} from {runs} runs", file=sys.stderr)
-        return 0
+        return write_results_page()
     out = args.out or Path("bench_results") / datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
     try:  # what can be wrong with the files, found before the models load
         prompts = select_prompts(args)
@@ -231,179 +227,200 @@ def main(argv: list[str] | None = None) -> int:
     except (OSError, ValueError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
+    try:
+        models = load_models(args)
+    except ModelLoadError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 1
+    from benchmarks.runner import CheckpointMismatch
+
+    started = start(args, models)
+    contestants, skipped = build_contestants(args, models, started)
+    try:
+        measured = measure(args, prompts, models, started, contestants, skipped, out)
+    except CheckpointMismatch as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    from benchmarks.report import print_report, write_report
+
+    report = make_report(args, argv, prompts, models, started, measured, out)
+    write_report(report, out, args.markdown)
+    print_report(report, out)
+    return 0
+
+
+def write_results_page() -> int:
+    """--results-page: benchmarks/RESULTS.md from the committed runs."""
+    from benchmarks.report import results_page
+
+    page, runs, skipped_runs = results_page(RESULTS_DIR)
+    for reason in skipped_runs:
+        print(f"warning: skipped {reason}", file=sys.stderr)
+    RESULTS_PAGE.write_text(page, encoding="utf-8")
+    print(f"wrote {RESULTS_PAGE} from {runs} runs", file=sys.stderr)
+    return 0
+
+
+def load_models(args: argparse.Namespace) -> Models:
+    """The pair and its heads (`app.startup.load`), and hf_universal's drafter where it runs (ModelLoadError)."""
     import torch
 
-    from app.calibration import pair_key, probe, tune
-    from app.startup import compiles_by_default, load
-    from benchmarks.contestants import OurStrategy
-    from benchmarks.costs import measure_costs
-    from benchmarks.hf_baselines import build_hf_baselines, sampling_kwargs, sklearn_available
-    from benchmarks.prompts import chat_ids, count_by_category
-    from benchmarks.report import machine_description, markdown, plot, print_tables, summarize, write_json
-    from benchmarks.runner import Checkpoint, CheckpointMismatch, Encoder, RunSettings, run_benchmark
+    from app.startup import load
     from models.loading import load_model
-    from sampling.registry import build_strategy
     from utils.caching import CachedModel
 
     if args.threads:
         torch.set_num_threads(args.threads)
     if args.decoding.ignored:
         print(f"warning: {args.decoding.ignored}", file=sys.stderr)
-    max_new_tokens = args.max_new_tokens
-    ours, others = selected_strategies(args)
-    hf = [n for n in others if n in HF_BASELINES]
     choice, universal_spec = model_specs(args)
-    try:
-        pair, heads = load(args, choice, progress=not args.no_progress)
-        universal = None
-        if "hf_universal" in hf and universal_spec:
-            universal = load_model(universal_spec, device=choice.device, dtype=args.dtype,
-                                   trust_remote_code=args.trust_remote_code, cache_dir=args.cache_dir,
-                                   progress=not args.no_progress)
-    except ModelLoadError as error:
-        print(f"error: {error}", file=sys.stderr)
-        return 1
-    target, drafter = pair.target, pair.drafter
-    device, dtype = target.model.device, next(target.model.parameters()).dtype
-    tokenizer = target.tokenizer
-    end_ids = pair.end_ids
+    pair, heads = load(args, choice, progress=not args.no_progress)
+    universal = None
+    if "hf_universal" in selected_strategies(args)[1] and universal_spec:
+        universal = load_model(universal_spec, device=choice.device, dtype=args.dtype,
+                               trust_remote_code=args.trust_remote_code, cache_dir=args.cache_dir,
+                               progress=not args.no_progress)
+    drafter = pair.drafter
+    return Models(choice, pair, heads, universal, CachedModel(pair.target.model),
+                  CachedModel(drafter.model, drafter.dense) if drafter is not None else None)
 
-    target_lm = CachedModel(target.model)
-    drafter_lm = CachedModel(drafter.model, drafter.dense) if drafter is not None else None
+
+def start(args: argparse.Namespace, models: Models) -> Started:
+    """The start infer.py makes too (`app.startup`): the target's path probed, the drafting settings calibrated
+    (the chat's defaults on this machine), then our drafter's step compiled."""
+    from app.startup import PrintReport, compile_step, compiles_by_default, probe_and_calibrate, records_for
+
+    report = PrintReport()
+    prepared = probe_and_calibrate(models.target_lm, models.drafter_lm, records_for(models.pair, args.cache_dir),
+                                   args.decoding.strategy, args.decoding.explicit, calibrate=args.calibrate,
+                                   report=report)
+    tuning = prepared.tuning
+    wanted = args.compile if args.compile is not None else compiles_by_default(models.pair)
+    return Started(prepared.identity, tuning.settings if tuning else args.decoding.strategy,
+                   tuning.calibration if tuning else None, compile_step(models.drafter_lm, wanted, report))
+
+
+def build_contestants(args: argparse.Namespace, models: Models, started: Started) -> tuple[list, list[dict]]:
+    """Ours, the HF baselines and llama.cpp; those that cannot run here are skipped, each with its reason."""
+    from benchmarks.contestants import OurStrategy
+    from benchmarks.hf_baselines import build_hf_baselines
+    from benchmarks.llamacpp import for_pair as llamacpp_for_pair
+    from sampling.registry import build_strategy
+
+    ours, others = selected_strategies(args)
+    settings, target_lm, drafter_lm = started.settings, models.target_lm, models.drafter_lm
     cached = [lm for lm in (target_lm, drafter_lm) if lm is not None]
-    cache_dir = args.cache_dir or default_cache_dir()
-    identity, _ = probe(cache_dir, target_lm, pair_key(pair))  # the path on which a verify rounds as the steps
-    print(f"greedy identity: {identity.summary}", file=sys.stderr)
-    settings, calibration = args.decoding.strategy, None
-    if args.calibrate:  # the chat's defaults on this machine: the drafting settings its timed forwards call for
-        tuning = tune(cache_dir, target_lm, drafter_lm, pair_key(pair), settings, args.decoding.explicit)
-        settings, calibration = tuning.settings, tuning.calibration
-        if tuning.damaged:
-            print(f"warning: {tuning.damaged}", file=sys.stderr)
-        print(f"calibration ({'measured now' if tuning.measured else 'kept'}): " + "; ".join(tuning.choice.reasons),
-              file=sys.stderr)
-    compiled = compile_drafter(drafter_lm, args.compile if args.compile is not None else compiles_by_default(pair))
-    contestants, skipped = [], []
+    contestants: list = []
+    skipped: list[dict] = []
     for name in ours:
         if name in NEEDS_DRAFTER and drafter_lm is None:
             skipped.append({"name": name, "reason": "no drafter model loaded"})
-            continue
-        if name in NEEDS_HEAD and name not in heads:
+        elif name in NEEDS_HEAD and name not in models.heads:
             skipped.append({"name": name, "reason": f"no trained {name} head (--head DIR; train_head.py makes one)"})
-            continue
-        strategy = build_strategy(name, target_lm, drafter_lm, settings, heads)
-        contestants.append(OurStrategy(strategy, cached, asdict(settings), name in NEEDS_DRAFTER))
-    baselines, hf_skipped = build_hf_baselines(hf, target, drafter, universal, gamma=settings.gamma,
+        else:
+            strategy = build_strategy(name, target_lm, drafter_lm, settings, models.heads)
+            contestants.append(OurStrategy(strategy, cached, asdict(settings), name in NEEDS_DRAFTER))
+    baselines, hf_skipped = build_hf_baselines([n for n in others if n in HF_BASELINES], models.pair.target,
+                                               models.pair.drafter, models.universal, gamma=settings.gamma,
                                                lookup_max_ngram=settings.lookup_max_ngram)
     contestants += baselines
     skipped += [asdict(s) for s in hf_skipped]
     for name in (n for n in others if n in LLAMACPP):
-        contestant, reason = llamacpp_contestant(name, pair, args)
+        contestant, reason = llamacpp_for_pair(name, models.pair, args.cache_dir or default_cache_dir())
         if contestant is None:
             skipped.append({"name": name, "reason": reason})
         else:
             contestants.append(contestant)
+    return contestants, skipped
 
+
+def measure(args: argparse.Namespace, prompts: list[Prompt], models: Models, started: Started, contestants: list,
+            skipped: list[dict], out: Path) -> Measured:
+    """Every contestant on every prompt, interleaved, checkpointed in --out (CheckpointMismatch: another run's)."""
+    import torch
+
+    from benchmarks.prompts import chat_ids
+    from benchmarks.runner import Checkpoint, Encoder, RunSettings, run_benchmark
+
+    target, drafter, end_ids = models.pair.target, models.pair.drafter, models.pair.end_ids
+    tokenizer = target.tokenizer
     config = replace(args.decoding.config, end_ids=end_ids)
-    processor = config.processor
-    models = [m.model for m in (target, drafter, universal) if m is not None]
-    context_limit = min(getattr(m.config, "max_position_embeddings", None) or 1 << 31 for m in models)
+    loaded = [m.model for m in (target, drafter, models.universal) if m is not None]
+    context_limit = min(getattr(m.config, "max_position_embeddings", None) or 1 << 31 for m in loaded)
     encoder = Encoder(
         encode=lambda messages: chat_ids(tokenizer, messages),
         decode=lambda ids: tokenizer.decode([t for t in ids if t not in end_ids], skip_special_tokens=True,
                                             clean_up_tokenization_spaces=False))
     run_settings = RunSettings(config, warmup_tokens=4 if args.quick else 8, context_limit=context_limit,
                                progress=not args.no_progress)
-    fingerprint = {"target": target.label, "drafter": drafter.label if drafter else None, "dtype": str(dtype),
-                   "device": str(device), "threads": torch.get_num_threads(), "max_new_tokens": max_new_tokens,
-                   "decoding": repr(processor), "seed": args.seed, "strategy_settings": asdict(settings),
-                   "drafter_compiled": compiled is not None, "target_path": str(identity.path),
-                   "contestants": [c.describe() for c in contestants]}
-    try:
-        checkpoint = Checkpoint(out / "progress.jsonl", fingerprint, resume=args.resume)
-    except CheckpointMismatch as error:
-        print(f"error: {error}", file=sys.stderr)
-        return 2
+    fingerprint = {"target": target.label, "drafter": drafter.label if drafter else None,
+                   "dtype": str(next(target.model.parameters()).dtype), "device": str(target.model.device),
+                   "threads": torch.get_num_threads(), "max_new_tokens": args.max_new_tokens,
+                   "decoding": repr(config.processor), "seed": args.seed,
+                   "strategy_settings": asdict(started.settings), "drafter_compiled": started.compiled is not None,
+                   "target_path": str(started.identity.path), "contestants": [c.describe() for c in contestants]}
+    checkpoint = Checkpoint(out / "progress.jsonl", fingerprint, resume=args.resume)
     if checkpoint.done:
         print(f"resuming: {len(checkpoint.done)} prompts already measured in {checkpoint.path}", file=sys.stderr)
     measurements, skipped_prompts = run_benchmark(prompts, contestants, encoder, run_settings, checkpoint)
+    return Measured(contestants, skipped, measurements, skipped_prompts, run_settings, encoder)
 
+
+def make_report(args: argparse.Namespace, argv: list[str] | None, prompts: list[Prompt], models: Models,
+                started: Started, measured: Measured, out: Path) -> dict:
+    """results.json's content: the machine, the configuration, the costs, the summary and every measurement."""
+    from benchmarks.costs import measure_costs, timing_context
+    from benchmarks.hf_baselines import sampling_kwargs, sklearn_available
+    from benchmarks.prompts import count_by_category
+    from benchmarks.report import machine_description, summarize
+
+    target, drafter, universal = models.pair.target, models.pair.drafter, models.universal
+    settings, compiled, contestants = started.settings, started.compiled, measured.contestants
+    processor, context_limit = measured.run_settings.config.processor, measured.run_settings.context_limit
     gammas = {c.name: c.gamma for c in contestants if getattr(c, "gamma", None)}
     stops_early = {c.name for c in contestants if getattr(c, "stops_early", False)}
     verified = {*gammas.values(), *(g for name in stops_early for g in range(1, gammas[name] + 1))}
-    context = timing_context(prompts, encoder.encode, max_new_tokens,
+    context = timing_context(prompts, measured.encoder.encode, args.max_new_tokens,
                              context_limit - max([settings.gamma, *gammas.values()]) - 1)
-    costs = measure_costs(target_lm, drafter_lm, context, settings.gamma, args.cost_repeats or (3 if args.quick else 7),
-                          tuple(sorted(verified)))
+    costs = measure_costs(models.target_lm, models.drafter_lm, context, settings.gamma,
+                          args.cost_repeats or (3 if args.quick else 7), tuple(sorted(verified)))
     drafter_models = {c.name for c in contestants if c.kind == "ours" and c.uses_drafter_model}
-    summary = summarize(measurements, costs, gammas, drafter_models, stops_early)
-
     described = "greedy" if processor.is_greedy else f"sampling ({processor!r}), seed {args.seed}"
-    report = {
+    return {
         "schema_version": SCHEMA_VERSION,
         "command": "python bench.py " + shlex.join(sys.argv[1:] if argv is None else argv),
-        "machine": machine_description(device, dtype),
+        "machine": machine_description(target.model.device, next(target.model.parameters()).dtype),
         "config": {
-            **asdict(choice),
+            **asdict(models.choice),
             "target": target.label, "target_source": target.source,
             "drafter": drafter.label if drafter else None, "drafter_source": drafter.source if drafter else None,
             "drafter_compiled": compiled is not None, "drafter_compile_seconds": compiled,
             "target_quantize": target.quantize, "drafter_quantize": drafter.quantize if drafter else None,
             "universal_drafter": universal.name if universal else None,
-            "end_ids": list(end_ids), "max_new_tokens": max_new_tokens, "gamma": settings.gamma,
+            "end_ids": list(models.pair.end_ids), "max_new_tokens": args.max_new_tokens, "gamma": settings.gamma,
             "decoding": described, "greedy": processor.is_greedy, "temperature": args.temperature,
             "top_k": args.top_k, "top_p": args.top_p, "min_p": args.min_p, "seed": args.seed,
             "hf_sampling_kwargs": sampling_kwargs(processor), "strategy_settings": asdict(settings),
-            "calibration": calibration.as_dict() if calibration else None,
-            "greedy_identity": identity.as_dict(),
+            "calibration": started.calibration.as_dict() if started.calibration else None,
+            "greedy_identity": started.identity.as_dict(),
             "heads": {kind: {"path": head.info.get("path"), "parameters": head.size, "config": asdict(head.config),
                              "training": {k: v for k, v in head.info.items() if k != "path"}}
-                      for kind, head in heads.items()},
+                      for kind, head in models.heads.items()},
             "prompts": str(args.prompts), "categories": _split(args.categories) or None, "limit": args.limit,
             "quick": args.quick, "prompt_counts": count_by_category(prompts), "context_limit": context_limit,
-            "warmup_tokens": run_settings.warmup_tokens, "sklearn_available": sklearn_available(),
+            "warmup_tokens": measured.run_settings.warmup_tokens, "sklearn_available": sklearn_available(),
             "multi_turn": "every turn measured; later turns continue from our autoregressive answers",
         },
         "contestants": [c.describe() for c in contestants],
-        "skipped_contestants": skipped,
-        "skipped_prompts": skipped_prompts,
+        "skipped_contestants": measured.skipped,
+        "skipped_prompts": measured.skipped_prompts,
         "costs": costs.as_dict(),
         "prompts": [{"id": p.id, "category": p.category, "turns": list(p.turns)} for p in prompts],
-        "summary": summary,
-        "measurements": measurements,
+        "summary": summarize(measured.measurements, costs, gammas, drafter_models, stops_early),
+        "measurements": measured.measurements,
         "files": {"json": str(out / "results.json"), "markdown": str(out / "summary.md"),
                   "plot": str(out / "plot.png")},
     }
-    text = markdown(report)
-    (out / "summary.md").write_text(text, encoding="utf-8")
-    if args.markdown:
-        args.markdown.parent.mkdir(parents=True, exist_ok=True)
-        args.markdown.write_text(text, encoding="utf-8")
-    plot(report, out / "plot.png")
-    write_json(report, out / "results.json")
-
-    from rich.console import Console
-
-    console = Console() if sys.stdout.isatty() else Console(width=200)  # a file or pipe: no 80-column squeeze
-    print_tables(summary, console)
-    for s in skipped:
-        console.print(f"[yellow]skipped {s['name']}[/yellow]: {s['reason']}")
-    for s in skipped_prompts:
-        console.print(f"[yellow]skipped prompt {s['prompt_id']} turn {s['turn'] + 1}[/yellow]: {s['reason']}")
-    console.print(f"results in {out}/ (results.json, summary.md, plot.png)")
-    return 0
-
-
-def compile_drafter(drafter_lm: CachedModel | None, wanted: bool) -> float | None:
-    """Compile our drafter's one-token forward (`CachedModel.compile_step`); the seconds it took, None if not."""
-    if drafter_lm is None or not wanted:
-        return None
-    print("compiling the drafter's one-token forward …", file=sys.stderr)
-    try:
-        return drafter_lm.compile_step()
-    except Exception as error:  # noqa: BLE001 (the benchmark runs on, uncompiled, and says so)
-        print(f"warning: the drafter runs uncompiled: {type(error).__name__}: {error}", file=sys.stderr)
-        return None
 
 
 if __name__ == "__main__":

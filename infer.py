@@ -21,6 +21,7 @@ if __name__ == "__main__":  # before the imports below: a Ctrl-C while they load
 
 import argparse
 import contextlib
+from dataclasses import dataclass
 from pathlib import Path
 
 from rich.console import Console
@@ -197,7 +198,7 @@ def run(args: argparse.Namespace, chosen: Decoding, console: Console, errors: Co
         one_shot: bool, json_out) -> int:
     if not args.verbose:
         quiet_libraries()
-    from app.startup import compiles_by_default, load
+    from app.startup import compiles_by_default, load, probe_and_calibrate, records_for
     from chat.app import ChatApp
     from chat.oneshot import run_oneshot
     from chat.session import ChatSession, ModelInfo
@@ -228,7 +229,9 @@ def run(args: argparse.Namespace, chosen: Decoding, console: Console, errors: Co
                           heads=heads)
     session.keep_settings = chosen.explicit
     session.warm_up()
-    prepare_session(session, pair, args.cache_dir, errors, quiet=args.json, calibrate=args.calibrate)
+    session.adopt(probe_and_calibrate(session.target, session.drafter, records_for(pair, args.cache_dir),
+                                      session.settings.strategy, session.keep_settings, calibrate=args.calibrate,
+                                      report=ConsoleReport(errors, quiet=args.json)))
     compile_drafter = args.compile if args.compile is not None else not one_shot and compiles_by_default(pair)
     if compile_drafter and pair.drafter is not None:
         session.compile_drafter()
@@ -243,30 +246,24 @@ def run(args: argparse.Namespace, chosen: Decoding, console: Console, errors: Co
     return app.run()
 
 
-def prepare_session(session, pair, cache_dir: Path | None, errors: Console, quiet: bool, calibrate: bool) -> None:
-    """The target's path on which a verify rounds as the one-token steps do, then (`calibrate`) the drafting
-    settings for this machine's measured costs: each probed or timed once per machine, models and formats."""
-    from app.calibration import pair_key
+@dataclass(frozen=True)
+class ConsoleReport:
+    """The start's lines on stderr (`app.startup.Report`): what went wrong always, what was found out now unless
+    `quiet` (--json), not what was kept from an earlier run."""
 
-    cache, key = cache_dir or default_cache_dir(), pair_key(pair)
+    errors: Console
+    quiet: bool
 
-    def status(text: str):
-        return contextlib.nullcontext() if quiet else errors.status(text)
+    def status(self, text: str):
+        return contextlib.nullcontext() if self.quiet else self.errors.status(text)
 
-    with status("checking that this machine verifies as it steps (once) …"):
-        invariance, probed = session.probe(cache, key)
-    if not invariance.exact or (probed and not quiet):
-        errors.print(f"greedy identity: {invariance.summary}", style="dim" if invariance.exact else "yellow",
-                     markup=False, soft_wrap=True)
-    if not calibrate:
-        return
-    with status("timing this machine's forwards (once) …"):
-        tuning = session.calibrate(cache, key)
-    if tuning.damaged:
-        errors.print(tuning.damaged, style="yellow", markup=False, soft_wrap=True)
-    if tuning.measured and not quiet:
-        errors.print(f"calibrated in {tuning.calibration.seconds:.0f} s: "
-                     f"{tuning.summary(session.settings.strategy)}", style="dim", markup=False)
+    def say(self, text: str, kind) -> None:
+        from app.startup import Said
+
+        if kind is Said.PROBLEM:
+            self.errors.print(text, style="yellow", markup=False, soft_wrap=True)
+        elif kind is Said.NEWS and not self.quiet:
+            self.errors.print(text, style="dim", markup=False, soft_wrap=True)
 
 
 def quiet_libraries() -> None:

@@ -1,8 +1,9 @@
 """The flags infer.py and bench.py share: the model choice and the decoding settings.
 
-`add_model_flags` and `add_decoding_flags` put them on a parser; `model_choice` and `decoding` build what they
-describe. Nothing here checks a bound: the settings dataclasses do, and `decoding` words their error with the flag's
-name (`FlagError`). Importable without torch, so that bad flags are refused, and --help answers, at once.
+`add_model_flags` and `add_decoding_flags` put them on a parser (the decoding flags derived from the settings'
+descriptions, `app.settings`); `model_choice` and `decoding` build what they describe. Nothing here checks a bound:
+the settings dataclasses do, and `decoding` words their error with the flag's name (`FlagError`). Importable without
+torch, so that bad flags are refused, and --help answers, at once.
 """
 
 from __future__ import annotations
@@ -10,24 +11,14 @@ from __future__ import annotations
 import argparse
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
+from app.settings import SETTINGS, Setting, flag_of
 from models.presets import QUANTIZE_CHOICES, ModelLoadError, check_device_name, check_dtype_name, check_preset_name
 from sampling.base import DecodeConfig
 from sampling.settings import CALIBRATED, StrategySettings
 from utils.checks import SettingError, integer
 from utils.logits_processor import make_processor
-
-FLAG_OF_SETTING = {
-    "gamma": "--gamma", "draft_alternatives": "--alternatives", "verify_width": "--verify-width",
-    "draft_cumulative": "--draft-cumulative", "lookahead_window": "--lookahead W", "lookahead_ngram": "--lookahead N",
-    "lookahead_candidates": "--lookahead G", "num_beams": "--num-beams", "temperature": "--temperature",
-    "top_k": "--top-k", "top_p": "--top-p", "min_p": "--min-p", "max_new_tokens": "--max-new-tokens",
-    "seed": "--seed", "head_branch": "--head-branch",
-}
-
-
-# the calibrated settings' argparse names: given on the command line, calibration leaves them be
-CALIBRATED_FLAGS = {name: FLAG_OF_SETTING[name].removeprefix("--").replace("-", "_") for name in CALIBRATED}
 
 
 class FlagError(Exception):
@@ -61,46 +52,36 @@ def add_model_flags(group: argparse._ActionsContainer) -> None:
 
 
 def add_decoding_flags(group: argparse._ActionsContainer, max_new_tokens: int | None, seed: int | None,
-                       max_new_tokens_help: str = "max new tokens per answer") -> None:
-    """`max_new_tokens` and `seed`: the command line's defaults (None: its own rule, or a random seed)."""
-    s = StrategySettings
-    calibrated = "calibrated for this machine (without calibration {})"
-    group.add_argument("--gamma", "--draft-max", "--num-assistant-tokens", type=int, metavar="N",
-                       help="the most tokens drafted per round; default: " + calibrated.format(s.gamma))
-    group.add_argument("--max-new-tokens", "-n", "--n-predict", type=int, default=max_new_tokens, metavar="N",
-                       help=max_new_tokens_help)
-    group.add_argument("--temperature", "--temp", type=float, default=0.0, metavar="T", help="0 = greedy")
-    group.add_argument("--top-k", type=int, metavar="K", help="top-k sampling (with --temperature > 0)")
-    group.add_argument("--top-p", type=float, metavar="P", help="nucleus sampling (with --temperature > 0)")
-    group.add_argument("--min-p", type=float, metavar="P",
-                       help="min-p sampling (with --temperature > 0; replaces --top-k and --top-p)")
-    group.add_argument("--seed", "-s", type=int, default=seed, metavar="N",
-                       help="sampling seed" + (" (default: random)" if seed is None else ""))
-    group.add_argument("--num-beams", type=int, default=s.num_beams, metavar="N",
-                       help="beam width for the beam strategy")
-    group.add_argument("--alternatives", type=int, metavar="N",
-                       help="greedy: also verify the draft model's next N best tokens at each depth (0: a chain); "
-                            "default: " + calibrated.format(s.draft_alternatives))
-    group.add_argument("--verify-width", type=int, metavar="W",
-                       help="the most tokens one verify forward takes: the draft model's alternatives and prompt "
-                            "lookup's other copies fill up to it, the least likely dropped first; default: "
-                            + calibrated.format(s.verify_width))
-    group.add_argument("--draft-cumulative", type=float, metavar="P",
-                       help="the draft model stops once the product of its probabilities of its tokens (its "
-                            "estimate that the whole draft is accepted) falls below P; 0: always --gamma tokens; "
-                            "default: " + calibrated.format(s.draft_cumulative))
+                       max_new_tokens_default: str = "") -> None:
+    """Each setting's flag (`app.settings.SETTINGS`), and --calibrate. `max_new_tokens` and `seed`: the command
+    line's defaults (None: its own rule, said in `max_new_tokens_default`, or a random seed)."""
+    scripts = {"max_new_tokens": (max_new_tokens, max_new_tokens_default),
+               "seed": (seed, "default: random" if seed is None else ""), "temperature": (0.0, "")}
+    for setting in SETTINGS:
+        if setting.flags:
+            add_flag(group, setting, *scripts.get(setting.name, (None, "")))
     group.add_argument("--calibrate", action=argparse.BooleanOptionalAction, default=True,
                        help="time this machine's forwards once (seconds; kept in the cache dir) and choose gamma, "
                             "the verify width, the alternatives and the cumulative stop from them; --no-calibrate "
                             "keeps the built-in defaults")
-    group.add_argument("--head-branch", type=int, default=s.head_branch, metavar="N",
-                       help="eagle and medusa: each draft node's likeliest children kept in the tree (1: a chain)")
-    group.add_argument("--typical", action="store_true",
-                       help="sampling with eagle or medusa: Medusa's typical acceptance (threshold 0.09, alpha 0.3). "
-                            "NOT lossless: the answer no longer follows the target's distribution")
-    group.add_argument("--lookahead", type=int, nargs=3, metavar=("W", "N", "G"),
-                       default=(s.lookahead_window, s.lookahead_ngram, s.lookahead_candidates),
-                       help="lookahead window W, n-gram size N, verified candidates G")
+
+
+def add_flag(group: argparse._ActionsContainer, setting: Setting, default: Any, note: str) -> None:
+    """`setting`'s flag: its type and help; the default a strategy setting's dataclass gives it, but none where
+    calibration chooses it."""
+    values = setting.values
+    if values[0].type is bool:
+        group.add_argument(*setting.flags, action="store_true", help=setting.help)
+        return
+    if setting.of == "strategy":
+        builtin = tuple(getattr(StrategySettings, value.field) for value in values)
+        default = None if setting.calibrated else builtin if len(values) > 1 else builtin[0]
+        if setting.calibrated:
+            note = f"default: calibrated for this machine (without calibration {builtin[0]})"
+    shape = {"nargs": len(values), "metavar": tuple(v.metavar for v in values)} if len(values) > 1 else \
+        {"metavar": values[0].metavar}
+    group.add_argument(*setting.flags, type=values[0].type, default=default,
+                       help=setting.help + (f"; {note}" if note else ""), **shape)
 
 
 @dataclass(frozen=True)
@@ -149,21 +130,27 @@ class Decoding:
 
 def decoding(args: argparse.Namespace) -> Decoding:
     """The settings the decoding flags describe; a `FlagError` naming the flag where one is out of bounds."""
-    window, ngram, candidates = args.lookahead
     try:
         # An answer of no tokens is no answer: both command lines ask for one at least (DecodeConfig allows 0).
         integer("max_new_tokens", args.max_new_tokens, 1)
-        given = {name: getattr(args, flag) for name, flag in CALIBRATED_FLAGS.items()
-                 if getattr(args, flag) is not None}
-        strategy = StrategySettings(num_beams=args.num_beams, lookahead_window=window, lookahead_ngram=ngram,
-                                    lookahead_candidates=candidates, head_branch=args.head_branch,
-                                    typical=args.typical, **given)
+        given = strategy_flags(args)
+        strategy = StrategySettings(**given)
         processor = make_processor(args.temperature, args.top_k, args.top_p, args.min_p)
         config = DecodeConfig(args.max_new_tokens, processor, seed=args.seed)
     except SettingError as error:
-        flag = FLAG_OF_SETTING.get(error.setting, error.setting)
-        raise FlagError(f"{flag} {error.requirement}, got {error.value}") from None
-    return Decoding(strategy, config, ignored_sampling_flags(args), frozenset(given))
+        raise FlagError(f"{flag_of(error.setting)} {error.requirement}, got {error.value}") from None
+    explicit = frozenset(name for name in given if name in CALIBRATED)
+    return Decoding(strategy, config, ignored_sampling_flags(args), explicit)
+
+
+def strategy_flags(args: argparse.Namespace) -> dict[str, Any]:
+    """The StrategySettings fields the flags give (a calibrated one only where it was given)."""
+    given: dict[str, Any] = {}
+    for setting in SETTINGS:
+        value = getattr(args, setting.dest) if setting.flags and setting.of == "strategy" else None
+        if value is not None:
+            given.update(zip(setting.fields, value if len(setting.values) > 1 else (value,), strict=True))
+    return given
 
 
 def ignored_sampling_flags(args: argparse.Namespace) -> str | None:

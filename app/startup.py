@@ -1,18 +1,27 @@
-"""What infer.py and bench.py do alike: the Ctrl-C guard around the whole run, loading the pair with its heads, and
-the rule for compiling the drafter's step. `load` imports torch: the scripts call it once their flags are checked."""
+"""What infer.py and bench.py do alike: the Ctrl-C guard around the whole run, loading the pair with its heads, the
+probe and the calibration of this machine, and the rule for compiling the drafter's step. `load` and
+`probe_and_calibrate` import torch: the scripts call them once their flags are checked."""
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import sys
-from typing import TYPE_CHECKING, NoReturn
+from dataclasses import dataclass
+from enum import Enum
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, NoReturn, Protocol
 
 if TYPE_CHECKING:
     import argparse
 
+    from app.calibration import Tuning
     from app.flags import ModelChoice
+    from models.invariance import Invariance
     from models.loading import LoadedPair
     from sampling.heads import DraftHead
+    from sampling.settings import StrategySettings
+    from utils.caching import CachedModel
 
 INTERRUPTED_EXIT = 130
 
@@ -47,3 +56,107 @@ def compiles_by_default(pair: LoadedPair) -> bool:
     drafter = pair.drafter
     return (drafter is not None and next(drafter.model.parameters()).device.type == "cpu"
             and not is_prepacked(drafter.model))
+
+
+@dataclass(frozen=True)
+class Records:
+    """Where this machine's probe and timings for one pair are kept: the cache dir, and the key they hold for."""
+
+    cache_dir: Path
+    key: dict
+
+
+def records_for(pair: LoadedPair, cache_dir: Path | None) -> Records:
+    """--cache-dir (else the default one) and the loaded pair's key (CPU, torch, models, formats, threads)."""
+    from app.calibration import pair_key
+    from models.presets import default_cache_dir
+
+    return Records(cache_dir or default_cache_dir(), pair_key(pair))
+
+
+class Said(Enum):
+    PROBLEM = "problem"  # what the user should know: identity not exact, a damaged record replaced
+    NEWS = "news"  # found out now: probed or timed (seconds, once per machine)
+    KEPT = "kept"  # read back from what an earlier run kept
+    WHY = "why"  # the calibration's reasons, one a line
+
+
+class Report(Protocol):
+    """How a script shows the start: a status while something runs, and lines of each kind (it may skip some)."""
+
+    def status(self, text: str) -> contextlib.AbstractContextManager[Any]: ...
+
+    def say(self, text: str, kind: Said) -> None: ...
+
+
+class Silent:
+    def status(self, text: str) -> contextlib.AbstractContextManager[Any]:
+        return contextlib.nullcontext()
+
+    def say(self, text: str, kind: Said) -> None:
+        pass
+
+
+SILENT = Silent()
+
+
+class PrintReport:
+    """Every line on stderr, the statuses too: a benchmark's log keeps them all."""
+
+    def status(self, text: str) -> contextlib.AbstractContextManager[Any]:
+        print(text, file=sys.stderr)
+        return contextlib.nullcontext()
+
+    def say(self, text: str, kind: Said) -> None:
+        prefix = {Said.PROBLEM: "warning: ", Said.WHY: "  "}.get(kind, "")
+        print(prefix + text, file=sys.stderr)
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """What the start found out: the target's path on which a verify rounds as its steps (`identity`, already
+    applied to the target) and, where calibrated, the drafting settings this machine's timings call for."""
+
+    identity: Invariance
+    tuning: Tuning | None
+    records: Records
+
+
+def probe_and_calibrate(target: CachedModel, drafter: CachedModel | None, records: Records,
+                        settings: StrategySettings, keep: frozenset[str] = frozenset(), *, calibrate: bool = True,
+                        again: bool = False, report: Report = SILENT) -> Prepared:
+    """Probe the target's path, then (`calibrate`) time the forwards and choose the drafting settings, but those in
+    `keep` (the user's); each probed or timed once per machine, models and formats (`again`: anew)."""
+    from app.calibration import probe, tune
+
+    with report.status("checking that this machine verifies as it steps (once) …"):
+        identity, probed = probe(records.cache_dir, target, records.key, again=again)
+    said = Said.NEWS if probed else Said.KEPT
+    report.say(f"greedy identity: {identity.summary}", said if identity.exact else Said.PROBLEM)
+    if not calibrate:
+        return Prepared(identity, None, records)
+    with report.status("timing this machine's forwards (once) …"):
+        tuning = tune(records.cache_dir, target, drafter, records.key, settings, keep, again=again)
+    if tuning.damaged:
+        report.say(tuning.damaged, Said.PROBLEM)
+    if tuning.measured:
+        report.say(f"calibrated in {tuning.calibration.seconds:.0f} s: {tuning.summary()}", Said.NEWS)
+    else:
+        report.say(f"calibration kept for this machine (timed {tuning.calibration.date}): {tuning.summary()}",
+                   Said.KEPT)
+    for reason in tuning.choice.reasons:
+        report.say(reason, Said.WHY)
+    return Prepared(identity, tuning, records)
+
+
+def compile_step(drafter: CachedModel | None, wanted: bool, report: Report = SILENT) -> float | None:
+    """Compile the drafter's one-token forward now (`CachedModel.compile_step`); the seconds it took, None if not
+    (where it fails, the drafter runs uncompiled and `report` says why). The chat compiles in the background."""
+    if drafter is None or not wanted:
+        return None
+    try:
+        with report.status("compiling the drafter's one-token forward …"):
+            return drafter.compile_step()
+    except Exception as error:  # noqa: BLE001 (the run goes on, uncompiled, and says so)
+        report.say(f"the drafter runs uncompiled: {type(error).__name__}: {error}", Said.PROBLEM)
+        return None

@@ -53,3 +53,11 @@ def measure_costs(target: CachedModel, drafter: CachedModel | None, context: lis
         t_draft_1=time_forward(drafter, context, probe[:1], repeats) if drafter is not None else None,
         t_target_verify_by_gamma=by_gamma,
     )
+
+
+def timing_context(prompts, encode, max_new_tokens: int, limit: int) -> list[int]:
+    """A typical context: the median first-turn prompt plus half the new tokens (its own ids repeated)."""
+    lengths = sorted((len(ids), ids) for ids in (encode([{"role": "user", "content": p.turns[0]}]) for p in prompts))
+    ids = lengths[len(lengths) // 2][1]
+    wanted = min(len(ids) + max_new_tokens // 2, limit)
+    return (ids * (wanted // len(ids) + 1))[:wanted]

@@ -15,9 +15,13 @@ import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from benchmarks.contestants import Contestant
 from sampling.base import DecodeConfig, Result, Stats
+
+if TYPE_CHECKING:
+    from models.loading import LoadedPair
 
 REQUIREMENTS = Path(__file__).resolve().parent.parent / "requirements-llamacpp.txt"
 BINARIES = {"llamacpp": "llama-completion", "llamacpp_speculative": "llama-speculative-simple"}
@@ -130,3 +134,27 @@ class LlamaCpp(Contestant):
         return {"name": self.name, "kind": self.kind, "binary": self.executable.name, "version": version(),
                 "target_gguf": str(self.target_gguf), "drafter_gguf": str(self.drafter_gguf) if self.drafter_gguf
                 else None, "threads": self.threads}
+
+
+def for_pair(name: str, pair: LoadedPair, cache_dir: Path) -> tuple[LlamaCpp | None, str | None]:
+    """llama.cpp on the GGUF files the embedded pair comes from (None and why where it cannot run)."""
+    import torch
+
+    from models.presets import EMBEDDED
+    from models.store import embedded_gguf
+
+    reason = missing_reason(cache_dir, name)
+    if reason is not None:
+        return None, reason
+    names = [pair.target.name] + ([pair.drafter.name] if name == "llamacpp_speculative" and pair.drafter else [])
+    if any(n not in EMBEDDED for n in names):
+        return None, "llama.cpp runs the embedded models' GGUF files: load an embedded pair"
+    if name == "llamacpp_speculative" and pair.drafter is None:
+        return None, "no drafter model loaded"
+    ggufs = [embedded_gguf(EMBEDDED[n], cache_dir) for n in names]
+    tokenizer = pair.target.tokenizer
+    return LlamaCpp(name, binary(cache_dir, name), ggufs[0], ggufs[1] if len(ggufs) > 1 else None,
+                    threads=torch.get_num_threads(),
+                    render=lambda ids: tokenizer.decode(ids, skip_special_tokens=False),
+                    tokenize=lambda text: tokenizer.encode(text, add_special_tokens=False),
+                    end_ids=pair.end_ids), None

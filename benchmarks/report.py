@@ -11,6 +11,7 @@ import datetime
 import json
 import os
 import platform
+import sys
 from pathlib import Path
 
 import torch
@@ -327,6 +328,30 @@ def plot(report: dict, path: Path) -> None:
 
 def write_json(report: dict, path: Path) -> None:
     path.write_text(json.dumps(report, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
+
+
+def write_report(report: dict, out: Path, also_markdown: Path | None = None) -> None:
+    """summary.md (and `also_markdown`), plot.png and results.json under `out`."""
+    text = markdown(report)
+    (out / "summary.md").write_text(text, encoding="utf-8")
+    if also_markdown:
+        also_markdown.parent.mkdir(parents=True, exist_ok=True)
+        also_markdown.write_text(text, encoding="utf-8")
+    plot(report, out / "plot.png")
+    write_json(report, out / "results.json")
+
+
+def print_report(report: dict, out: Path) -> None:
+    """The summary tables on stdout, what was skipped and where the files are."""
+    from rich.console import Console
+
+    console = Console() if sys.stdout.isatty() else Console(width=200)  # a file or pipe: no 80-column squeeze
+    print_tables(report["summary"], console)
+    for s in report["skipped_contestants"]:
+        console.print(f"[yellow]skipped {s['name']}[/yellow]: {s['reason']}")
+    for s in report["skipped_prompts"]:
+        console.print(f"[yellow]skipped prompt {s['prompt_id']} turn {s['turn'] + 1}[/yellow]: {s['reason']}")
+    console.print(f"results in {out}/ (results.json, summary.md, plot.png)")
 
 
 def results_page(results_dir: Path) -> tuple[str, int, list[str]]:

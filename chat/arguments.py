@@ -5,21 +5,12 @@ from __future__ import annotations
 
 import inspect
 
+from app.settings import processor_params
 from utils.logits_processor import PROCESSORS, LogitsProcessor
 
 
 class UsageError(ValueError):
     """A command's argument is wrong; the message says what is expected."""
-
-
-# The settings' names in the words of the commands that set them, for the settings' own bound errors.
-SETTING_WORDS = {"max_new_tokens": "max new tokens", "ngram_n": "n-gram size", "ngram_kind": "store kind",
-                 "ngram_filler_top_k": "filler top-k", "lookup_max_ngram": "max n-gram",
-                 "lookup_min_ngram": "min n-gram",
-                 "draft_alternatives": "draft alternatives", "verify_width": "verify width",
-                 "draft_cumulative": "the cumulative threshold", "lookahead_window": "window W",
-                 "lookahead_ngram": "n-gram size N", "lookahead_candidates": "candidates G",
-                 "num_beams": "number of beams", "head_branch": "head branch"}
 
 
 def parse_int(text: str, what: str) -> int:
@@ -55,32 +46,12 @@ def one_word(text: str) -> str:
     return text.strip()
 
 
-def on_off(flag: bool) -> str:
-    return "on" if flag else "off"
-
-
 def plural(count: int, noun: str) -> str:
     return f"{count} {noun}" + ("" if count == 1 else "s")
 
 
 # ---------------------------------------------------------------------------------------------
 # Processors
-
-
-def _processor_params(cls: type[LogitsProcessor]) -> list[inspect.Parameter]:
-    return [p for p in inspect.signature(cls.__init__).parameters.values() if p.name != "self"]
-
-
-SHORT_NAMES = {"temperature": "T", "top_k": "K", "top_p": "P", "min_p": "MINP"}
-
-
-def processor_forms() -> str:
-    """greedy | multinomial [T] | topk [T [K]] | ...: each processor with its values in order."""
-    forms = []
-    for name, cls in PROCESSORS.items():
-        values = [SHORT_NAMES.get(p.name, p.name.upper()) for p in _processor_params(cls)]
-        forms.append(" ".join([name] + ([f"[{' '.join(values)}]"] if values else [])))
-    return " | ".join(forms)
 
 
 def parse_processor(text: str) -> LogitsProcessor:
@@ -90,7 +61,7 @@ def parse_processor(text: str) -> LogitsProcessor:
     if name not in PROCESSORS:
         raise UsageError(f"unknown processor {words[0]!r}; choose from {', '.join(PROCESSORS)}")
     cls = PROCESSORS[name]
-    params = {p.name: p for p in _processor_params(cls)}
+    params = {p.name: p for p in processor_params(cls)}
     positional = [w for w in words[1:] if "=" not in w]
     if len(positional) > len(params):
         expected = ", ".join(params) or "no values"

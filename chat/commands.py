@@ -1,4 +1,5 @@
-"""Slash-commands: a dispatch table of name -> (handler, usage, help, current value).
+"""Slash-commands: a dispatch table of name -> (handler, usage, help, current value); the settings' commands are
+derived from their descriptions (`app.settings`).
 
 Every handler validates its argument and raises `UsageError` (or the engine's ValueError) on a bad one; `dispatch`
 answers with one line and the usage, so no command can end the session except /quit. Handlers see a `Context`
@@ -19,20 +20,14 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from chat import setting_commands as set_
-from chat.arguments import (
-    SETTING_WORDS,
-    UsageError,
-    on_off,
-    parse_switch,
-    plural,
-    processor_forms,
-)
-from chat.render import comparison_table, describe_processor, detail_table, running, say, totals_table, turn_rows, warn
+from app.settings import SETTINGS, on_off, word_of
+from chat import setting_commands
+from chat.arguments import UsageError, parse_switch, plural
+from chat.render import comparison_table, detail_table, running, say, totals_table, turn_rows, warn
 from chat.session import ChatSession, ModelInfo
 from chat.transcript import transcript, transcript_markdown, write_file
 from chat.turn import Turn
-from sampling.settings import NEEDS_DRAFTER, NEEDS_HEAD, STORE_KINDS, STRATEGIES
+from sampling.settings import NEEDS_DRAFTER, NEEDS_HEAD, STRATEGIES
 from utils.checks import SettingError
 
 FORCE = "--force"  # /save FILE --force: replace an existing file
@@ -200,10 +195,10 @@ def _calibrate(ctx: Context, arg: str) -> None:
     if arg:
         raise UsageError("takes no argument")
     session = ctx.session
-    if session.calibration_key is None or session.cache_dir is None:
+    if session.records is None:
         raise UsageError("this session was started with --no-calibrate, so it has nothing to time against")
     with ctx.console.status("probing and timing this machine's forwards …"):
-        tuning = session.calibrate(session.cache_dir, session.calibration_key, again=True)
+        tuning = session.calibrate(again=True)
     say(ctx.console, f"calibrated in {tuning.calibration.seconds:.0f} s: {tuning.summary(session.settings.strategy)}")
     for reason in tuning.choice.reasons:
         say(ctx.console, f"  {reason}")
@@ -266,15 +261,6 @@ def build_commands(strategies: tuple[str, ...] = STRATEGIES) -> dict[str, Comman
         Command("compare", _compare, "/compare [on|off]",
                 "on: every prompt runs all enabled strategies and shows the comparison table; off: only the first",
                 lambda ctx: on_off(ctx.compare)),
-        Command("gamma", set_.gamma, "/gamma N", "the most tokens drafted per round (speculative, auto, ngram, lookup)",
-                lambda ctx: str(s(ctx).strategy.gamma)),
-        Command("length", set_.length, "/length N", "max new tokens per answer",
-                lambda ctx: str(s(ctx).max_new_tokens)),
-        Command("processor", set_.processor, "/processor NAME [VALUES]",
-                f"sampling: {processor_forms()}; values in order or as key=value (top_p=0.9), defaults for the rest",
-                lambda ctx: describe_processor(s(ctx).processor)),
-        Command("seed", set_.seed, "/seed N|random", "sampling seed (same seed, same output)",
-                lambda ctx: "random" if s(ctx).seed is None else str(s(ctx).seed)),
         Command("chat", _chat, "/chat [on|off]", "chat template on, or raw completion of each prompt",
                 lambda ctx: on_off(ctx.session.uses_template)),
         Command("system", _system, "/system [TEXT|off]", "set, show or remove the system prompt",
@@ -285,37 +271,6 @@ def build_commands(strategies: tuple[str, ...] = STRATEGIES) -> dict[str, Comman
         Command("debug", _debug, "/debug [on|off]",
                 "colour tokens: accepted drafts, rejected drafts (struck), the target's own",
                 lambda ctx: on_off(ctx.debug)),
-        Command("ngram-store", set_.ngram_store, f"/ngram-store {'|'.join(STORE_KINDS)} N",
-                "n-gram store kind and size n (contexts of n-1 tokens)",
-                lambda ctx: f"{s(ctx).strategy.ngram_kind} {s(ctx).strategy.ngram_n}"),
-        Command("filler", set_.filler, "/filler K", "add the target's top-K predictions to the n-gram store (0: off)",
-                lambda ctx: str(s(ctx).strategy.ngram_filler_top_k)),
-        Command("ngram-reset", set_.ngram_reset, "/ngram-reset [on|off]",
-                "on: a fresh n-gram store for each prompt; off: it persists",
-                lambda ctx: on_off(s(ctx).strategy.ngram_reset_each_prompt)),
-        Command("lookup-ngram", set_.lookup_ngram, "/lookup-ngram MAX [MIN]", "prompt lookup n-gram sizes",
-                lambda ctx: f"{s(ctx).strategy.lookup_max_ngram} {s(ctx).strategy.lookup_min_ngram}"),
-        Command("branch", set_.branch, "/branch N",
-                "eagle and medusa: each draft node's likeliest children (1: a chain)",
-                lambda ctx: str(s(ctx).strategy.head_branch)),
-        Command("typical", set_.typical, "/typical [on|off]",
-                "sampling with eagle or medusa: Medusa's typical acceptance (NOT lossless)",
-                lambda ctx: on_off(s(ctx).strategy.typical)),
-        Command("alternatives", set_.alternatives, "/alternatives N",
-                "greedy: verify the draft model's next N best tokens at each depth too (0: a chain)",
-                lambda ctx: str(s(ctx).strategy.draft_alternatives)),
-        Command("width", set_.width, "/width W",
-                "the most tokens one verify forward takes: alternatives and other copies fill up to it",
-                lambda ctx: str(s(ctx).strategy.verify_width)),
-        Command("cumulative", set_.cumulative, "/cumulative P",
-                "the draft model stops once the product of its token probabilities falls below P (0: off)",
-                lambda ctx: f"{s(ctx).strategy.draft_cumulative:g}"),
-        Command("lookahead-params", set_.lookahead_params, "/lookahead-params W N G",
-                "lookahead: Jacobi window W, n-gram size N, verified candidates G",
-                lambda ctx: f"{s(ctx).strategy.lookahead_window} {s(ctx).strategy.lookahead_ngram} "
-                            f"{s(ctx).strategy.lookahead_candidates}"),
-        Command("beams", set_.beams, "/beams N", "beam search width",
-                lambda ctx: str(s(ctx).strategy.num_beams)),
         Command("stats", _stats, "/stats", "the last turn in detail, and session totals"),
         Command("calibrate", _calibrate, "/calibrate",
                 "time this machine's forwards again and choose gamma, the verify width, the alternatives and the "
@@ -324,6 +279,9 @@ def build_commands(strategies: tuple[str, ...] = STRATEGIES) -> dict[str, Comman
         Command("save", _save, f"/save FILE [{FORCE}]",
                 f"save the transcript (FILE.json: JSON, otherwise markdown); {FORCE} replaces an existing file"),
     ]
+    settings = [Command(setting.command, setting_commands.handler(setting), setting.usage, setting.help,
+                        setting_commands.shown(setting)) for setting in SETTINGS if setting.command]
+    rest = rest[:1] + settings + rest[1:]  # after /compare
     table: dict[str, Command] = {}
     for command in head + rest + toggles:  # a strategy named like a command keeps the command (/strategies too)
         for name in (command.name, *command.aliases):
@@ -364,8 +322,7 @@ def dispatch(ctx: Context, line: str) -> Outcome:
     try:
         return command.handler(ctx, arg.strip()) or Outcome.CONTINUE
     except SettingError as error:  # a setting's own bounds, in this command's words
-        what = SETTING_WORDS.get(error.setting, error.setting)
-        message = f"{what} {error.requirement}, got {error.value!r}"
+        message = f"{word_of(error.setting)} {error.requirement}, got {error.value!r}"
     except ValueError as error:  # UsageError, and the engine's other checks
         message = str(error)
     warn(ctx.console, f"/{command.name}: {message}  (usage: {command.usage})")

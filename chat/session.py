@@ -13,12 +13,12 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
-from pathlib import Path
 
 import torch
 from jinja2 import TemplateError
 
-from app.calibration import Tuning, probe, tune
+from app.calibration import Tuning
+from app.startup import Prepared, Records, probe_and_calibrate
 from chat.background import PausableThread
 from models.invariance import Invariance
 from sampling.base import MAX_SEED, DecodeConfig, Result, Round, Stats, Strategy
@@ -143,8 +143,7 @@ class ChatSession:
         self.tuning: Tuning | None = None  # the drafting settings chosen from this machine's timed forwards
         self.invariance: Invariance | None = None  # whether a verify rounds as the steps do here (`probe`)
         self.keep_settings: frozenset[str] = frozenset()  # settings the user chose: calibration leaves them be
-        self.calibration_key: dict | None = None
-        self.cache_dir: Path | None = None
+        self.records: Records | None = None  # where this machine's probe and timings are kept; None: not calibrated
         self.configure(settings)
 
     @property
@@ -221,12 +220,6 @@ class ChatSession:
     def update_strategy(self, **changes) -> ChatSettings:
         return self.update(strategy=replace(self.settings.strategy, **changes))
 
-    def probe(self, cache_dir: Path, key: dict, again: bool = False) -> tuple[Invariance, bool]:
-        """Run the target along the path on which this machine's verify rows equal its one-token steps bit for bit
-        (probed once per `key`, then kept: `models.invariance`); True when it was probed now."""
-        self.invariance, probed = probe(cache_dir, self.target, key, again=again)
-        return self.invariance, probed
-
     def greedy_identity(self, name: str) -> str | None:
         """For a strategy whose greedy output must equal autoregressive's, token for token: "exact" where this
         machine computes a verify as its steps, "not exact on this machine", or "not probed"; None when sampling
@@ -237,17 +230,24 @@ class ChatSession:
             return "not probed"
         return "exact" if self.invariance.exact else "not exact on this machine"
 
-    def calibrate(self, cache_dir: Path, key: dict, again: bool = False) -> Tuning:
-        """Time this machine's forwards (or take the timings kept for `key`) and set the drafting settings they call
-        for, except those the user chose (`keep_settings`); what was chosen and why is kept in `tuning`. The target's
-        path is probed first (`probe`), if it was not, or `again`: the timings are of that path."""
-        if again or self.invariance is None:
-            self.probe(cache_dir, key, again=again)
-        self.tuning = tune(cache_dir, self.target, self.drafter, key, self.settings.strategy, self.keep_settings,
-                           again=again)
-        self.update(strategy=self.tuning.settings)
-        self.calibration_key, self.cache_dir = key, cache_dir
-        return self.tuning
+    def adopt(self, prepared: Prepared) -> None:
+        """Take what the start found out (`app.startup.probe_and_calibrate`): the target's path on which a verify
+        rounds as the steps do, and the drafting settings calibrated for this machine, if it was calibrated."""
+        self.invariance, self.tuning = prepared.identity, prepared.tuning
+        if prepared.tuning is not None:
+            self.update(strategy=prepared.tuning.settings)
+            self.records = prepared.records
+
+    def calibrate(self, again: bool = False) -> Tuning:
+        """Probe the target's path and time this machine's forwards again (`again`), or take what was kept for it,
+        and set the drafting settings they call for, except those the user chose (`keep_settings`)."""
+        if self.records is None:
+            raise ValueError("this session was not calibrated at start, so it has nothing to time against")
+        prepared = probe_and_calibrate(self.target, self.drafter, self.records, self.settings.strategy,
+                                       self.keep_settings, again=again)
+        self.adopt(prepared)
+        assert prepared.tuning is not None
+        return prepared.tuning
 
     def reset(self) -> None:
         """Forget the conversation (and any n-gram store); the caches stay and are re-synced by the next prompt."""

@@ -1,133 +1,96 @@
-"""The slash-commands that change a setting: each parses its argument and hands it to the session, whose settings
-check their own bounds (a SettingError, worded by `dispatch`)."""
+"""The slash-commands that change a setting, derived from its description (`app.settings.SETTINGS`): one handler
+parses the words, hands the values to the session, whose settings check their own bounds (a SettingError, worded by
+`dispatch`), and says what is set. Two commands do more: /length checks the context's room, /processor parses a
+processor with its values."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
-from chat.arguments import (
-    UsageError,
-    one_word,
-    parse_float,
-    parse_int,
-    parse_processor,
-    parse_switch,
-)
+from app.settings import Setting, Value
+from chat.arguments import UsageError, one_word, parse_float, parse_int, parse_processor, parse_switch
 from chat.render import describe_processor
+from sampling.settings import StrategySettings
 
 if TYPE_CHECKING:
     from chat.commands import Context
+    from chat.session import ChatSettings
 
 
-def gamma(ctx: Context, arg: str) -> None:
-    gamma = parse_int(one_word(arg), "gamma")
-    ctx.session.update_strategy(gamma=gamma)
-    ctx.console.print(f"gamma (most tokens drafted per round) = {gamma}")
+def current(settings: ChatSettings, setting: Setting) -> tuple[Any, ...]:
+    """The setting's values now."""
+    holder = settings.strategy if setting.of == "strategy" else settings
+    return tuple(getattr(holder, field) for field in setting.fields)
 
 
-def length(ctx: Context, arg: str) -> None:
-    n = parse_int(one_word(arg), "max new tokens")
+def parse_values(setting: Setting, arg: str, now: tuple[Any, ...]) -> dict[str, Any]:
+    """The command's words as the setting's fields; the fields not given take the dataclass's defaults."""
+    if len(setting.values) == 1:
+        value = setting.values[0]
+        word = arg if value.type is bool else one_word(arg)
+        return {value.field: parse_value(value, word, now[0])}
+    words = arg.split()
+    least = len(setting.values) if setting.required is None else setting.required
+    if not least <= len(words) <= len(setting.values):
+        raise UsageError(setting.expected)
+    defaults = StrategySettings()  # for the values not given
+    return {value.field: parse_value(value, words[i], now[i]) if i < len(words) else getattr(defaults, value.field)
+            for i, value in enumerate(setting.values)}
+
+
+def parse_value(value: Value, word: str, now: Any) -> Any:
+    if value.type is bool:
+        return parse_switch(word, now)
+    if word.lower() in value.none:
+        return None
+    if value.type is int:
+        return parse_int(word, value.in_chat)
+    if value.type is float:
+        return parse_float(word, value.in_chat)
+    return word.lower()
+
+
+def apply(ctx: Context, setting: Setting, changes: dict[str, Any]) -> None:
+    """Set the values through the session (its dataclasses check them) and say what is set now."""
+    if setting.of == "strategy":
+        ctx.session.update_strategy(**changes)
+    else:
+        ctx.session.update(**changes)
+    ctx.console.print(setting.line(*current(ctx.session.settings, setting)))
+
+
+def handler(setting: Setting) -> Callable[[Context, str], None]:
+    """The command for `setting`: its own where it does more, else parse, apply and say."""
+    own = OWN.get(setting.name)
+    if own is not None:
+        return lambda ctx, arg: own(ctx, setting, arg)
+
+    def set_it(ctx: Context, arg: str) -> None:
+        apply(ctx, setting, parse_values(setting, arg, current(ctx.session.settings, setting)))
+
+    return set_it
+
+
+def shown(setting: Setting) -> Callable[[Context], str]:
+    """The setting's value as /help shows it."""
+    if setting.name == "processor":
+        return lambda ctx: describe_processor(ctx.session.settings.processor)
+    return lambda ctx: setting.show(*current(ctx.session.settings, setting))
+
+
+def length(ctx: Context, setting: Setting, arg: str) -> None:
+    changes = parse_values(setting, arg, current(ctx.session.settings, setting))
     room = ctx.session.context_length
-    if n >= room:
+    if changes["max_new_tokens"] >= room:
         raise UsageError(f"max new tokens must leave room for a prompt in the context of {room} tokens")
-    ctx.session.update(max_new_tokens=n)
-    ctx.console.print(f"max new tokens = {n}")
+    apply(ctx, setting, changes)
 
 
-def processor(ctx: Context, arg: str) -> None:
+def processor(ctx: Context, setting: Setting, arg: str) -> None:
     if arg:
         ctx.session.update(processor=parse_processor(arg))
     ctx.console.print(f"processor: {describe_processor(ctx.session.settings.processor)}")
 
 
-def seed(ctx: Context, arg: str) -> None:
-    word = one_word(arg).lower()
-    seed = None if word in ("random", "none") else parse_int(word, "seed")
-    ctx.session.update(seed=seed)
-    ctx.console.print(f"seed = {'random' if seed is None else seed}")
-
-
-def ngram_store(ctx: Context, arg: str) -> None:
-    words = arg.split()
-    if len(words) != 2:
-        raise UsageError("expected a kind and a size")
-    kind = words[0].lower()
-    n = parse_int(words[1], "n-gram size")
-    ctx.session.update_strategy(ngram_kind=kind, ngram_n=n)
-    ctx.console.print(f"n-gram store: {kind}, n = {n} (a fresh store)")
-
-
-def filler(ctx: Context, arg: str) -> None:
-    k = parse_int(one_word(arg), "filler top-k")
-    ctx.session.update_strategy(ngram_filler_top_k=k)
-    ctx.console.print(f"n-gram filler top-k = {k}" + (" (off)" if k == 0 else ""))
-
-
-def ngram_reset(ctx: Context, arg: str) -> None:
-    reset = parse_switch(arg, ctx.session.settings.strategy.ngram_reset_each_prompt)
-    ctx.session.update_strategy(ngram_reset_each_prompt=reset)
-    ctx.console.print("the n-gram store " + ("starts fresh each prompt" if reset else "persists across prompts"))
-
-
-def lookup_ngram(ctx: Context, arg: str) -> None:
-    words = arg.split()
-    if len(words) not in (1, 2):
-        raise UsageError("expected MAX [MIN]")
-    high = parse_int(words[0], "max n-gram")
-    low = parse_int(words[1], "min n-gram") if len(words) == 2 else 1
-    ctx.session.update_strategy(lookup_max_ngram=high, lookup_min_ngram=low)
-    ctx.console.print(f"prompt lookup n-grams from {high} down to {low}")
-
-
-def alternatives(ctx: Context, arg: str) -> None:
-    n = parse_int(one_word(arg), "draft alternatives")
-    ctx.session.update_strategy(draft_alternatives=n)
-    ctx.console.print(f"draft alternatives = {n}" + (" (a chain)" if n == 0 else
-                                                     f": the draft model's next {n} best tokens at each depth are "
-                                                     "verified too (greedy only)"))
-
-
-def branch(ctx: Context, arg: str) -> None:
-    n = parse_int(one_word(arg), "head branch")
-    ctx.session.update_strategy(head_branch=n)
-    ctx.console.print(f"head branch = {n}" + (": eagle and medusa draft a chain" if n == 1 else
-                                              f": eagle and medusa keep each node's {n} likeliest children"))
-
-
-def typical(ctx: Context, arg: str) -> None:
-    on = parse_switch(arg, ctx.session.settings.strategy.typical)
-    ctx.session.update_strategy(typical=on)
-    ctx.console.print("typical acceptance on for eagle and medusa when sampling: NOT lossless, the answer no longer "
-                      "follows the target's distribution" if on else "typical acceptance off: lossless verification")
-
-
-def width(ctx: Context, arg: str) -> None:
-    n = parse_int(one_word(arg), "verify width")
-    ctx.session.update_strategy(verify_width=n)
-    ctx.console.print(f"verify width = {n}: a draft holds at most {n - 1} tokens with the draft model's alternatives "
-                      "or prompt lookup's other copies (the chain itself is capped by gamma)")
-
-
-def cumulative(ctx: Context, arg: str) -> None:
-    p = parse_float(one_word(arg), "the cumulative threshold")
-    ctx.session.update_strategy(draft_cumulative=p)
-    ctx.console.print(f"draft cumulative threshold = {p:g}" + (": the draft model always drafts gamma tokens" if p == 0
-                      else ": the draft model stops once the product of its token probabilities falls below it"))
-
-
-def lookahead_params(ctx: Context, arg: str) -> None:
-    words = arg.split()
-    if len(words) != 3:
-        raise UsageError("expected W N G")
-    window = parse_int(words[0], "window W")
-    ngram = parse_int(words[1], "n-gram size N")
-    candidates = parse_int(words[2], "candidates G")
-    ctx.session.update_strategy(lookahead_window=window, lookahead_ngram=ngram, lookahead_candidates=candidates)
-    ctx.console.print(f"lookahead: window W = {window}, n-gram size N = {ngram}, candidates G = {candidates} "
-                      f"(up to {(window + candidates) * (ngram - 1)} tokens per forward)")
-
-
-def beams(ctx: Context, arg: str) -> None:
-    n = parse_int(one_word(arg), "number of beams")
-    ctx.session.update_strategy(num_beams=n)
-    ctx.console.print(f"beams = {n}")
+OWN: dict[str, Callable[[Context, Setting, str], None]] = {"max_new_tokens": length, "processor": processor}

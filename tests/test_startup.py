@@ -1,0 +1,109 @@
+"""The start infer.py and bench.py share (app/startup.py): the probe and the calibration run once per machine and are
+read back afterwards, the user's settings stay as given, and each script hears of it in the kinds of line it shows."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+
+import pytest
+from rich.console import Console
+
+from app.calibration import pair_key
+from app.startup import Prepared, Records, Said, compile_step, probe_and_calibrate, records_for
+from chat.app import ChatApp
+from chat.commands import Outcome, dispatch
+from chat.session import ChatSession, ChatSettings, ModelInfo
+from sampling.settings import StrategySettings
+from tests.helpers import load_tiny_pair
+
+
+class Recorder:
+    """A Report that keeps what it was told."""
+
+    def __init__(self):
+        self.statuses: list[str] = []
+        self.lines: list[tuple[Said, str]] = []
+
+    def status(self, text: str):
+        self.statuses.append(text)
+        return contextlib.nullcontext()
+
+    def say(self, text: str, kind: Said) -> None:
+        self.lines.append((kind, text))
+
+    def kinds(self, start: str) -> list[Said]:
+        return [kind for kind, text in self.lines if text.startswith(start)]
+
+
+@pytest.fixture(scope="module")
+def pair(tmp_path_factory):
+    return load_tiny_pair(tmp_path_factory.mktemp("startup"))
+
+
+@pytest.fixture
+def session(pair):
+    return ChatSession(pair.target.tokenizer, pair.target.model, pair.drafter.model, pair.end_ids,
+                       ChatSettings(max_new_tokens=4, strategy=StrategySettings(gamma=3)))
+
+
+def test_the_start_probes_and_times_once_then_reads_what_it_kept(session, pair, tmp_path):
+    records = records_for(pair, tmp_path)
+    assert records == Records(tmp_path, pair_key(pair))
+    first = Recorder()
+    prepared = probe_and_calibrate(session.target, session.drafter, records, session.settings.strategy,
+                                   frozenset({"gamma"}), report=first)
+    found = Said.NEWS if prepared.identity.exact else Said.PROBLEM
+    assert first.kinds("greedy identity") == [found] and first.kinds("calibrated in") == [Said.NEWS]
+    assert len(first.statuses) == 2 and [k for k, _ in first.lines].count(Said.WHY) >= 3
+    assert prepared.tuning is not None and prepared.tuning.settings.gamma == 3  # the user's, kept
+    assert prepared.tuning.kept == ("gamma",)
+
+    second = Recorder()
+    again = probe_and_calibrate(session.target, session.drafter, records, session.settings.strategy, report=second)
+    kept = Said.KEPT if prepared.identity.exact else Said.PROBLEM
+    assert second.kinds("greedy identity") == [kept] and second.kinds("calibration kept") == [Said.KEPT]
+    assert again.tuning is not None and again.tuning.calibration == prepared.tuning.calibration
+    assert again.identity == prepared.identity
+
+    uncalibrated = Recorder()
+    none = probe_and_calibrate(session.target, session.drafter, records, session.settings.strategy,
+                               calibrate=False, report=uncalibrated)
+    assert none.tuning is None and len(uncalibrated.statuses) == 1
+
+
+def test_the_session_adopts_the_start_and_calibrates_again_only_after_one(session, pair, tmp_path):
+    app = ChatApp(session, Console(file=io.StringIO(), width=200, color_system=None),
+                  ModelInfo("target", "drafter", "float32", "cpu"))
+    assert dispatch(app, "/calibrate") is Outcome.CONTINUE
+    assert "started with --no-calibrate" in app.console.file.getvalue()
+    prepared = probe_and_calibrate(session.target, session.drafter, records_for(pair, tmp_path),
+                                   session.settings.strategy, frozenset({"gamma"}))
+    session.keep_settings = frozenset({"gamma"})
+    session.adopt(prepared)
+    assert session.invariance == prepared.identity and session.tuning == prepared.tuning
+    assert prepared.tuning is not None and session.settings.strategy == prepared.tuning.settings
+    assert session.records == prepared.records
+    tuning = session.calibrate(again=True)
+    assert tuning.measured and session.settings.strategy.gamma == 3
+
+
+def test_without_calibration_the_session_keeps_its_settings(session, pair, tmp_path):
+    before = session.settings
+    session.adopt(Prepared(probe_and_calibrate(session.target, session.drafter, records_for(pair, tmp_path),
+                                               before.strategy, calibrate=False).identity, None,
+                           records_for(pair, tmp_path)))
+    assert session.settings == before and session.records is None and session.tuning is None
+
+
+def test_compile_step_is_skipped_unless_wanted_and_says_why_it_failed():
+    report = Recorder()
+    assert compile_step(None, True, report) is None and report.lines == []
+
+    class Failing:
+        def compile_step(self):
+            raise RuntimeError("no compiler")
+
+    assert compile_step(Failing(), False, report) is None and report.statuses == []
+    assert compile_step(Failing(), True, report) is None
+    assert report.lines == [(Said.PROBLEM, "the drafter runs uncompiled: RuntimeError: no compiler")]
