@@ -5,7 +5,8 @@ accuracy gate against the dequantized GGUF in float32 (docs/formats.md has a run
     python -m benchmarks.formats accuracy [FORMAT ...]
 
 Formats: float32, float32-prepacked, bfloat16, int8, int4 (the low-bit ones with bfloat16 activations), q4k (the
-GGUF's own Q4_K tensors on the int4 kernel, bfloat16 activations there, the rest float32 prepacked). The accuracy
+GGUF's own Q4_K tensors on the int4 kernel, bfloat16 activations there, the rest float32 prepacked), gguf (every
+linear in the file's own blocks on the project's kernels, int8 activations per block, the rest float32). The accuracy
 text is the first 1,025 tokens of the project's prompt set, in order; the reference is read from the GGUF file the
 embedded wheels carry (assembled into the cache dir once).
 """
@@ -23,7 +24,7 @@ from transformers import AutoModelForCausalLM
 from app.calibration import time_forward
 from benchmarks.accuracy import Agreement, next_token_logits, perplexity
 from benchmarks.prompts import DEFAULT_PROMPTS
-from models.formats import q4k
+from models.formats import blocks, q4k
 from models.formats.int4 import to_int4
 from models.formats.int8 import to_int8
 from models.formats.prepack import prepack
@@ -33,7 +34,7 @@ from models.store import embedded_gguf
 from utils.caching import CachedModel
 
 TARGET = "qwen2.5-coder-1.5b"
-FORMATS = ("float32", "float32-prepacked", "bfloat16", "int8", "int4", "q4k")
+FORMATS = ("float32", "float32-prepacked", "bfloat16", "int8", "int4", "q4k", "gguf")
 TEXT_TOKENS = 1025
 WIDTHS = (1, 2, 4, 8, 14)
 PREFILL = 150  # a prompt's tokens
@@ -61,9 +62,18 @@ def build(base, name: str):
         model = model.float()
         q4k.apply(model, embedded_gguf(EMBEDDED[TARGET], default_cache_dir()))
         prepack(model)
+    elif name == "gguf":
+        model = model.float()
+        blocks.apply(model, embedded_gguf(EMBEDDED[TARGET], default_cache_dir()))
     elif name != "bfloat16":
         raise SystemExit(f"unknown format {name!r}; choose from {', '.join(FORMATS)}")
     return model.eval()
+
+
+def kl_divergence(reference: torch.Tensor, logits: torch.Tensor) -> float:
+    """Mean over positions of KL(reference || model) in nats, as llama-perplexity --kl-divergence reports it."""
+    log_p, log_q = reference.double().log_softmax(-1), logits.double().log_softmax(-1)
+    return float((log_p.exp() * (log_p - log_q)).sum(-1).mean())
 
 
 def main(argv: list[str]) -> int:
@@ -96,7 +106,8 @@ def main(argv: list[str]) -> int:
             logits = next_token_logits(model, ids)
         top1 = float((logits.argmax(-1) == expected.argmax(-1)).float().mean())
         agreement = Agreement(len(ids) - 1, top1, perplexity(logits, ids), reference_perplexity)
-        print(f"{name:18s} {agreement.line()}", flush=True)
+        print(f"{name:18s} {agreement.line()}; mean KL(reference || {name}) {kl_divergence(expected, logits):.5f}",
+              flush=True)
         del model, logits
         gc.collect()
     return 0

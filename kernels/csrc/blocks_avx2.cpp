@@ -26,6 +26,13 @@ inline float hsum(__m256 v) {
 
 inline __m256i load(const void* p) { return _mm256_loadu_si256(static_cast<const __m256i*>(p)); }
 
+// The weights stream from memory once: ask for the cache lines of the blocks `ahead` bytes on, which the hardware
+// prefetcher alone brings too late while the dot products run.
+inline void prefetch(const uint8_t* p, int64_t bytes) {
+  constexpr int64_t ahead = 1024;
+  for (int64_t line = 0; line < bytes; line += 64) _mm_prefetch(reinterpret_cast<const char*>(p + ahead + line), _MM_HINT_T0);
+}
+
 // Shuffle masks: int16 lane i of a 128-bit half in every lane (`word`); in the low half lane i, in the high half
 // lane i + 1 (`word_pair`: two scales, one per 16 weights of a maddubs product).
 inline __m256i word(int i) { return _mm256_set1_epi16(static_cast<int16_t>((2 * i + 1) << 8 | 2 * i)); }
@@ -83,6 +90,7 @@ void q4_k(const uint8_t* w, const Activations& a, int64_t row0, float* result) {
   for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
   for (int64_t b = 0; b < blocks; ++b) {
     const uint8_t* block = w + b * 144;
+    prefetch(block, 144);
     const float d = half(block), dmin = half(block + 2);
     uint32_t u[3];
     std::memcpy(u, block + 4, 12);  // 6-bit scales and mins of the 8 groups, packed
@@ -129,6 +137,7 @@ void q6_k(const uint8_t* w, const Activations& a, int64_t row0, float* result) {
   for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
   for (int64_t b = 0; b < blocks; ++b) {
     const uint8_t* block = w + b * 210;
+    prefetch(block, 210);
     const int8_t* scale = reinterpret_cast<const int8_t*>(block + 192);  // one per 16 weights
     const float d = half(block + 208);
     const __m256i scales = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(scale)));
@@ -173,6 +182,7 @@ void q8_0(const uint8_t* w, const Activations& a, int64_t row0, float* result) {
   for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
   for (int64_t b = 0; b < blocks; ++b) {
     const uint8_t* block = w + b * 34;
+    prefetch(block, 34);
     const float d = half(block);
     const __m256i codes = load(block + 2);
     const __m256i magnitude = _mm256_sign_epi8(codes, codes);
@@ -198,6 +208,7 @@ void q5_0(const uint8_t* w, const Activations& a, int64_t row0, float* result) {
   for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
   for (int64_t b = 0; b < blocks; ++b) {
     const uint8_t* block = w + b * 22;
+    prefetch(block, 22);
     const float d = half(block);
     uint32_t high_bits;
     std::memcpy(&high_bits, block + 2, 4);
@@ -237,6 +248,11 @@ void matmul(int64_t type, const uint8_t* w, int64_t row_bytes, const Activations
     for (; m + 4 <= row0 + count; m += 4) {
       rows<4>(type, weights, a, m, result);
       for (int r = 0; r < 4; ++r) out[(m + r) * n_out + n] = result[r] + add;
+    }
+    if (m + 2 <= row0 + count) {
+      rows<2>(type, weights, a, m, result);
+      for (int r = 0; r < 2; ++r) out[(m + r) * n_out + n] = result[r] + add;
+      m += 2;
     }
     for (; m < row0 + count; ++m) {
       rows<1>(type, weights, a, m, result);

@@ -1,0 +1,154 @@
+"""The GGUF block kernels on this machine: the target's linears against the memory-bandwidth floor, and the whole
+target step against llama.cpp's decoding of the same file on the same threads (interleaved, one run).
+
+    python -m benchmarks.kernels [--repeats N] [--json FILE]
+
+Kernel table: every linear of the embedded target's GGUF (its own blocks), ms for 1..16 rows, beside the floor (the
+bytes read / this run's streaming-read GB/s). Step table: the target on `gguf` (attention as the probe runs it here:
+row by row) and on float32 oneDNN-prepacked, ms for 1..16 new tokens after a 128-token context; llama.cpp's eval
+time per token from `llama-completion` (built by ./setup.sh --llamacpp), 64 tokens. Minimum of the repeats.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+import kernels
+from benchmarks.llamacpp import binary, parse_completion_log
+from models import invariance
+from models.formats.blocks import module_name
+from models.loading import load_model
+from models.presets import EMBEDDED, default_cache_dir
+from models.store import embedded_gguf
+from utils.caching import CachedModel
+
+TARGET = "qwen2.5-coder-1.5b"
+ROWS = (1, 2, 4, 8, 16)
+CONTEXT = 128
+
+
+def target_linears(gguf: Path) -> list[tuple[torch.Tensor, str, int, int]]:
+    """(blocks, type, in, out) of every linear the kernels take, in file order."""
+    from gguf import GGUFReader
+
+    found = []
+    for tensor in GGUFReader(str(gguf)).tensors:
+        if module_name(tensor.name, tied=False) and tensor.tensor_type.name in kernels.BLOCKS:
+            cols, rows = (int(n) for n in tensor.shape)
+            found.append((torch.from_numpy(np.array(tensor.data, dtype=np.uint8).reshape(rows, -1)),
+                          tensor.tensor_type.name, cols, rows))
+    return found
+
+
+def time_linears(layers, rows: int) -> float:
+    inputs = {cols: torch.randn(rows, cols) for cols in {layer[2] for layer in layers}}
+    start = time.perf_counter()
+    for raw, kind, cols, out in layers:
+        kernels.matmul(inputs[cols], raw, kind, out)
+    return time.perf_counter() - start
+
+
+def streaming_read(buffer: torch.Tensor) -> float:
+    """Bytes per second of one pass summing `buffer` (as large as the weights: nothing stays in cache)."""
+    start = time.perf_counter()
+    buffer.sum()
+    return buffer.numel() * buffer.element_size() / (time.perf_counter() - start)
+
+
+def llamacpp_ms_per_token(gguf: Path, threads: int) -> float | None:
+    executable = binary(default_cache_dir(), "llamacpp")
+    if not executable.is_file():
+        return None
+    with tempfile.NamedTemporaryFile("w", suffix=".txt") as prompt:
+        prompt.write("Write a Python function that checks whether a number is prime, with a docstring.")
+        prompt.flush()
+        done = subprocess.run([str(executable), "-m", str(gguf), "-f", prompt.name, "-n", "64", "-t", str(threads),
+                               "--temp", "0", "-no-cnv", "--no-display-prompt", "--ignore-eos"],
+                              capture_output=True, text=True, errors="replace", check=True)
+    timings = parse_completion_log(done.stderr + done.stdout)
+    return timings.generate_seconds / (timings.generated - 1) * 1e3
+
+
+def step_models() -> dict[str, CachedModel]:
+    models = {}
+    for name in ("gguf", "none"):
+        lm = CachedModel(load_model(TARGET, device="cpu", quantize=name, progress=False).model)
+        invariance.apply(lm, invariance.TargetPath("rowwise", 1))
+        models["gguf" if name == "gguf" else "float32-prepacked"] = lm
+    return models
+
+
+def time_step(lm: CachedModel, context: list[int], new: list[int]) -> float:
+    with torch.inference_mode():
+        lm.reset()
+        lm.forward(context)
+        start = time.perf_counter()
+        lm.forward(new)
+        seconds = time.perf_counter() - start
+        lm.reset()
+    return seconds
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--json", type=Path)
+    args = parser.parse_args(argv)
+    if (reason := kernels.unavailable()) is not None:
+        print(f"the kernels cannot run here: {reason}", file=sys.stderr)
+        return 1
+    gguf = embedded_gguf(EMBEDDED[TARGET], default_cache_dir())
+    layers = target_linears(gguf)
+    weight_bytes = sum(raw.numel() for raw, *_ in layers)
+    buffer = torch.ones(weight_bytes // 4)
+    models = step_models()
+    ids = torch.randint(0, 150000, (CONTEXT + max(ROWS),), generator=torch.Generator().manual_seed(0)).tolist()
+    kernel_s: dict[int, list[float]] = {rows: [] for rows in ROWS}
+    step_s: dict[str, dict[int, list[float]]] = {name: {rows: [] for rows in ROWS} for name in models}
+    reads, llama = [], []
+    threads = torch.get_num_threads()
+    time_linears(layers, 1)  # first-call allocations
+    for _ in range(args.repeats):
+        reads.append(streaming_read(buffer))
+        for rows in ROWS:
+            kernel_s[rows].append(time_linears(layers, rows))
+            for name, lm in models.items():
+                step_s[name][rows].append(time_step(lm, ids[:CONTEXT], ids[CONTEXT:CONTEXT + rows]))
+        llama.append(llamacpp_ms_per_token(gguf, threads))
+    floor_ms = weight_bytes / max(reads) * 1e3
+    kernel_ms = {rows: min(v) * 1e3 for rows, v in kernel_s.items()}
+    step_ms = {name: {rows: min(v) * 1e3 for rows, v in per.items()} for name, per in step_s.items()}
+    llama_ms = min(llama) if None not in llama else None
+    result = {"machine": {"cpu": platform.processor() or platform.machine(), "isa": kernels.isa(),
+                          "threads": threads, "torch": torch.__version__},
+              "weight_bytes": weight_bytes, "read_gb_s": max(reads) / 1e9, "floor_ms": floor_ms,
+              "kernel_ms": kernel_ms, "step_ms": step_ms, "llamacpp_ms_per_token": llama_ms}
+    print(f"{len(layers)} linears, {weight_bytes / 1e9:.3f} GB; streaming read {max(reads) / 1e9:.1f} GB/s: floor "
+          f"{floor_ms:.1f} ms; {kernels.isa()} kernels, {threads} threads")
+    print("| rows | " + " | ".join(str(r) for r in ROWS) + " |\n|---|" + "---|" * len(ROWS))
+    print("| linears, ms | " + " | ".join(f"{kernel_ms[r]:.0f}" for r in ROWS) + " |")
+    print("| × floor | " + " | ".join(f"{kernel_ms[r] / floor_ms:.2f}" for r in ROWS) + " |")
+    print("| × one row | " + " | ".join(f"{kernel_ms[r] / kernel_ms[1]:.2f}" for r in ROWS) + " |")
+    for name, per in step_ms.items():
+        print(f"| step, {name}, ms | " + " | ".join(f"{per[r]:.0f}" for r in ROWS) + " |")
+    if llama_ms is not None:
+        ours = step_ms["gguf"]
+        print(f"llama.cpp plain decode: {llama_ms:.1f} ms per token; our gguf step {ours[1] / llama_ms:.2f}× of it, "
+              f"a verify of 8 {ours[8] / ours[1]:.2f} steps")
+    if args.json:
+        args.json.write_text(json.dumps(result, indent=1) + "\n", encoding="utf-8")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
