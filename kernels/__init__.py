@@ -39,6 +39,13 @@ def unavailable(cache_dir: Path | None = None) -> str | None:
     return _loaded(cache_dir)
 
 
+def build_id() -> str:
+    """The library's short digest (its sources, flags and torch version): what a kept calibration holds for."""
+    from kernels.build import library_path
+
+    return library_path().parent.name[:8]
+
+
 def isa() -> str:
     """The instruction set the kernels run with here ("avx2"), or "" where they cannot run."""
     return "" if unavailable() else str(torch.ops.specchat.gguf_isa())

@@ -49,8 +49,8 @@ class LoadedModel:
         dtype = str(next(self.model.parameters()).dtype).removeprefix("torch.")
         if self.quantize == "gguf":
             kinds = sorted({m.block_type for m in self.model.modules() if isinstance(m, blocks.BlockLinear)})
-            return (f"the GGUF's own {', '.join(kinds)} blocks ({kernels.isa()} kernels, int8 activations), "
-                    "the rest float32")
+            return (f"the GGUF's own {', '.join(kinds)} blocks ({kernels.isa()} kernels {kernels.build_id()}, int8 "
+                    "activations), the rest float32")
         if self.quantize == "q4k":
             return ("the GGUF's Q4_K weights (int4 kernel, bfloat16 inside), the rest float32"
                     + (", oneDNN-prepacked" if is_prepacked(self.model) else ""))

@@ -23,8 +23,8 @@ inline bool block_format(int64_t type, BlockFormat* format) {
   }
 }
 
-// Activations rounded to int8, one float scale per block of `group` values (256 for the K-quants, 32 otherwise), and
-// the sums of each 16 consecutive int8 values (the weights' offsets and mins are applied through them).
+// Activations rounded to int8, one float scale per `group` (32) values, and the sums of each 16 consecutive int8
+// values (the weights' offsets and mins are applied through them).
 struct Activations {
   const int8_t* q;   // (rows, k)
   const float* d;    // (rows, k / group)

@@ -81,17 +81,18 @@ void quantize(const float* x, int64_t row0, int64_t rows, const Activations& a) 
 }
 
 // Q4_K: 256 weights, fp16 d and dmin, 12 bytes of 6-bit scales and mins for 8 groups of 32, 128 bytes of 4-bit codes;
-// weight = d * scale * code - dmin * min.
+// weight = d * scale * code - dmin * min. A group's integer dot product (its 6-bit scale applied in int32) is
+// converted once and scaled by the group's activation scale; the block's sum by d.
 template <int R>
 void q4_k(const uint8_t* w, const Activations& a, int64_t row0, float* result) {
-  const int64_t blocks = a.k / 256;
+  const int64_t blocks = a.k / 256, groups = a.k / 32;
   const __m256i nibble = _mm256_set1_epi8(0x0F);
   __m256 acc[R];
   for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
   for (int64_t b = 0; b < blocks; ++b) {
     const uint8_t* block = w + b * 144;
     prefetch(block, 144);
-    const float d = half(block), dmin = half(block + 2);
+    const __m256 d = _mm256_set1_ps(half(block)), dmin = _mm256_set1_ps(half(block + 2));
     uint32_t u[3];
     std::memcpy(u, block + 4, 12);  // 6-bit scales and mins of the 8 groups, packed
     const uint32_t scale_low = u[0] & 0x3F3F3F3F, min_low = u[1] & 0x3F3F3F3F;
@@ -101,8 +102,8 @@ void q4_k(const uint8_t* w, const Activations& a, int64_t row0, float* result) {
                                          static_cast<int>(min_low), static_cast<int>(min_high));
     const __m256i lows = _mm256_cvtepu8_epi16(_mm_shuffle_epi8(bytes, kMinPairs));  // each min for two sums of 16
     const __m256i scales = _mm256_broadcastsi128_si256(_mm_cvtepu8_epi16(bytes));  // int16 scales 0..7, both halves
-    __m256i dot[R];
-    for (int r = 0; r < R; ++r) dot[r] = _mm256_setzero_si256();
+    __m256 sum[R];  // the block's groups, each scaled by its activation scale (d comes once, after)
+    for (int r = 0; r < R; ++r) sum[r] = _mm256_setzero_ps();
 #pragma GCC unroll 1  // unrolled, the compiler hoists every group's codes and spills the accumulators
     for (int j = 0; j < 4; ++j) {
       const __m256i codes = load(block + 16 + 32 * j);
@@ -112,16 +113,18 @@ void q4_k(const uint8_t* w, const Activations& a, int64_t row0, float* result) {
       const __m256i scale_second = _mm256_shuffle_epi8(scales, word(2 * j + 1));
       for (int r = 0; r < R; ++r) {
         const int8_t* y = a.q + (row0 + r) * a.k + b * 256 + 64 * j;
+        const float* ys = a.d + (row0 + r) * groups + b * 8 + 2 * j;
         const __m256i p = _mm256_madd_epi16(_mm256_maddubs_epi16(first, load(y)), scale_first);
+        sum[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_broadcast_ss(ys), sum[r]);
         const __m256i q = _mm256_madd_epi16(_mm256_maddubs_epi16(second, load(y + 32)), scale_second);
-        dot[r] = _mm256_add_epi32(dot[r], _mm256_add_epi32(p, q));
+        sum[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(q), _mm256_broadcast_ss(ys + 1), sum[r]);
       }
     }
     for (int r = 0; r < R; ++r) {
-      const float yd = a.d[(row0 + r) * blocks + b];
-      const __m256i mins = _mm256_madd_epi16(load(a.s + (row0 + r) * (a.k / 16) + b * 16), lows);
-      acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot[r]), _mm256_set1_ps(d * yd), acc[r]);
-      acc[r] = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(mins), _mm256_set1_ps(dmin * yd), acc[r]);
+      const __m256i mins = _mm256_madd_epi16(load(a.s + (row0 + r) * (a.k / 16) + b * 16), lows);  // per group
+      const __m256 dmin_y = _mm256_mul_ps(dmin, _mm256_loadu_ps(a.d + (row0 + r) * groups + b * 8));
+      acc[r] = _mm256_fmadd_ps(sum[r], d, acc[r]);
+      acc[r] = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(mins), dmin_y, acc[r]);
     }
   }
   for (int r = 0; r < R; ++r) result[r] = hsum(acc[r]);
@@ -131,7 +134,7 @@ void q4_k(const uint8_t* w, const Activations& a, int64_t row0, float* result) {
 // weight = d * scale * (code - 32).
 template <int R>
 void q6_k(const uint8_t* w, const Activations& a, int64_t row0, float* result) {
-  const int64_t blocks = a.k / 256;
+  const int64_t blocks = a.k / 256, groups = a.k / 32;
   const __m256i nibble = _mm256_set1_epi8(0x0F), pair = _mm256_set1_epi8(0x03);
   __m256 acc[R];
   for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
@@ -139,10 +142,10 @@ void q6_k(const uint8_t* w, const Activations& a, int64_t row0, float* result) {
     const uint8_t* block = w + b * 210;
     prefetch(block, 210);
     const int8_t* scale = reinterpret_cast<const int8_t*>(block + 192);  // one per 16 weights
-    const float d = half(block + 208);
+    const __m256 d = _mm256_set1_ps(half(block + 208));
     const __m256i scales = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(scale)));
-    __m256i dot[R];
-    for (int r = 0; r < R; ++r) dot[r] = _mm256_setzero_si256();
+    __m256 sum[R];  // the block's groups, each scaled by its activation scale (d comes once, after)
+    for (int r = 0; r < R; ++r) sum[r] = _mm256_setzero_ps();
     for (int h = 0; h < 2; ++h) {
       const __m256i low0 = load(block + 64 * h), low1 = load(block + 64 * h + 32), high = load(block + 128 + 32 * h);
       const __m256i codes[4] = {
@@ -159,15 +162,17 @@ void q6_k(const uint8_t* w, const Activations& a, int64_t row0, float* result) {
         const __m256i s = _mm256_shuffle_epi8(half_scales, word_pair(2 * c));
         for (int r = 0; r < R; ++r) {
           const int8_t* y = a.q + (row0 + r) * a.k + b * 256 + 128 * h + 32 * c;
-          dot[r] = _mm256_add_epi32(dot[r], _mm256_madd_epi16(_mm256_maddubs_epi16(codes[c], load(y)), s));
+          const __m256i p = _mm256_madd_epi16(_mm256_maddubs_epi16(codes[c], load(y)), s);
+          sum[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_broadcast_ss(a.d + (row0 + r) * groups + b * 8 + 4 * h + c),
+                                   sum[r]);
         }
       }
     }
-    for (int r = 0; r < R; ++r) {
-      const float yd = a.d[(row0 + r) * blocks + b];
+    for (int r = 0; r < R; ++r) {  // the codes' offset of 32, per group: 32 * sum of scale * sum of 16
       const __m256i offset = _mm256_madd_epi16(load(a.s + (row0 + r) * (a.k / 16) + b * 16), scales);
-      const __m256i exact = _mm256_sub_epi32(dot[r], _mm256_slli_epi32(offset, 5));
-      acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(exact), _mm256_set1_ps(d * yd), acc[r]);
+      const __m256 ys = _mm256_loadu_ps(a.d + (row0 + r) * groups + b * 8);
+      sum[r] = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(_mm256_slli_epi32(offset, 5)), ys, sum[r]);
+      acc[r] = _mm256_fmadd_ps(sum[r], d, acc[r]);
     }
   }
   for (int r = 0; r < R; ++r) result[r] = hsum(acc[r]);

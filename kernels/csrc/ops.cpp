@@ -48,7 +48,7 @@ at::Tensor gguf_mm(const at::Tensor& x, const at::Tensor& w, int64_t type, int64
     bias_data = bias_tensor.data_ptr<float>();
   }
   const at::Tensor input = x.contiguous();
-  const int64_t group = format.weights == 256 ? 256 : 32;
+  const int64_t group = 32;  // one activation scale per 32 values, for every format (docs/kernels.md: accuracy)
   at::Tensor q = at::empty({rows, k}, x.options().dtype(at::kChar));
   at::Tensor d = at::empty({rows, k / group}, x.options());
   at::Tensor s = at::empty({rows, k / 16}, x.options().dtype(at::kShort));

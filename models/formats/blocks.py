@@ -32,6 +32,8 @@ class BlockLinear(nn.Module):
         super().__init__()
         if block_type not in kernels.BLOCKS:
             raise ValueError(f"the kernels take {', '.join(kernels.BLOCKS)} blocks, not {block_type}")
+        if (reason := kernels.unavailable()) is not None:  # loads the op's library where it can
+            raise RuntimeError(f"the GGUF block kernels cannot run here: {reason}")
         self.block_type = block_type
         self.type_id, per_block, block_bytes = kernels.BLOCKS[block_type]
         self.out_features, self.in_features = blocks.shape[0], in_features
