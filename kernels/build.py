@@ -1,6 +1,6 @@
 """Building the kernels' shared library with g++ against the installed torch, once per source and torch version.
 
-`python -m kernels.build` (run by setup.sh) builds it into the cache dir; a later start only loads it.
+`python -m kernels` (run by setup.sh) builds it into the cache dir; a later start only loads it.
 """
 
 from __future__ import annotations
@@ -75,8 +75,9 @@ def _run(command: list[str]) -> None:
         raise BuildError(f"{Path(command[0]).name} failed:\n{tail}")
 
 
-if __name__ == "__main__":
+def main() -> int:
     try:
         print(f"kernels: {build()}")
-    except BuildError as error:
+    except (BuildError, OSError) as error:  # OSError: the compiler named by CXX does not run
         print(f"kernels not built ({error}); the app runs on its other weight formats", file=sys.stderr)
+    return 0

@@ -94,3 +94,13 @@ def test_the_library_is_built_once_and_found_again(tmp_path):
     assert library_path(tmp_path) == library_path(tmp_path)
     assert not library_path(tmp_path).exists()
     assert build().exists() and build() == library_path()  # the default one is there: the suite has loaded it
+
+
+def test_without_a_compiler_the_kernels_say_why_in_one_line_and_setup_goes_on(tmp_path, monkeypatch, capsys):
+    from kernels.build import main
+
+    monkeypatch.setenv("CXX", str(tmp_path / "no-such-g++"))
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    reason = kernels.unavailable(tmp_path / "cache")
+    assert reason is not None and "\n" not in reason and "no-such-g++" in reason
+    assert main() == 0 and "kernels not built" in capsys.readouterr().err
