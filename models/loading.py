@@ -8,7 +8,7 @@ import copy
 import functools
 import os
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -107,7 +107,9 @@ def load_model(
     model.eval()
     dense = None
     if quantize == "gguf":
-        _apply_blocks(model, str(gguf))  # prefill runs on the same kernels: no dense copy
+        # prefill runs on the same kernels: no dense copy
+        _apply_file_weights(model, blocks.apply, str(gguf),
+                            f"{', '.join(kernels.BLOCKS)} weights. Fix: use int4 for other types.")
         model.float()  # the embedding, norms and biases; the blocks are uint8 and stay
     elif quantize == "q4k":
         dense = copy.deepcopy(model) if keep_dense else None
@@ -126,42 +128,43 @@ def load_model(
                        dense=dense)
 
 
+def _gguf_file(spec: str, source: _Source, cache_root: Path, progress: bool) -> Path | None:
+    """The GGUF file the model was converted from (an embedded model's assembled once), or None for other kinds."""
+    if source.kind == "embedded":
+        return embedded_gguf(EMBEDDED[spec], cache_root, progress)
+    return Path(source.gguf) if source.gguf is not None else None
+
+
 def _gguf_blocks(spec: str, source: _Source, cache_root: Path, progress: bool) -> tuple[Path | None, str]:
     """The GGUF file whose blocks the kernels can run for this model, or None and why not (one line)."""
     if source.kind not in ("embedded", "gguf"):
         return None, f"a {source.kind} model has no GGUF file"
     if (reason := kernels.unavailable()) is not None:
         return None, f"the kernels cannot run here: {reason}; ./setup.sh builds them where g++ is installed"
-    gguf = Path(source.gguf) if source.gguf else embedded_gguf(EMBEDDED[spec], cache_root, progress)
-    if not blocks.block_linears(gguf):
+    gguf = _gguf_file(spec, source, cache_root, progress)
+    if gguf is None or not blocks.block_linears(gguf):
         return None, f"its GGUF holds no {', '.join(kernels.BLOCKS)} linears"
     return gguf, ""
 
 
-def _apply_blocks(model: PreTrainedModel, gguf: str) -> None:
+def _apply_file_weights(model: PreTrainedModel, apply: Callable[[PreTrainedModel, str], list[str]], gguf: str,
+                        none_found: str) -> None:
+    """`apply` (a format's) the GGUF's own tensors to `model`; its refusal or finding none, as a ModelLoadError."""
     try:
-        replaced = blocks.apply(model, gguf)
+        replaced = apply(model, gguf)
     except ValueError as error:
         raise ModelLoadError(f"{error}. Fix: load the model from that GGUF file itself.") from None
     if not replaced:
-        raise ModelLoadError(f"{gguf} holds no {', '.join(kernels.BLOCKS)} weights. Fix: use int4 for other types.")
+        raise ModelLoadError(f"{gguf} holds no {none_found}")
 
 
 def _apply_q4k(model: PreTrainedModel, spec: str, source: _Source, cache_root: Path, progress: bool) -> None:
     """The GGUF's own Q4_K tensors into `model`'s decoder linears (`models.formats.q4k`)."""
-    if source.kind == "embedded":
-        gguf = str(embedded_gguf(EMBEDDED[spec], cache_root, progress))
-    elif source.gguf is not None:
-        gguf = source.gguf
-    else:
+    gguf = _gguf_file(spec, source, cache_root, progress)
+    if gguf is None:
         raise ModelLoadError(f"q4k reads the Q4_K tensors of the model's GGUF file, and {spec!r} is a {source.kind} "
                              f"model. Fix: load its .gguf file or an embedded model, or use int4.")
-    try:
-        replaced = q4k.apply(model, gguf)
-    except ValueError as error:
-        raise ModelLoadError(f"{error}. Fix: load the model from that GGUF file itself.") from None
-    if not replaced:
-        raise ModelLoadError(f"{gguf} holds no Q4_K decoder weights. Fix: use int4 for other GGUF types.")
+    _apply_file_weights(model, q4k.apply, str(gguf), "Q4_K decoder weights. Fix: use int4 for other GGUF types.")
 
 
 def _resolve_source(spec: str, cache_root: Path, progress: bool, verify: bool) -> _Source:

@@ -70,12 +70,17 @@ def module_name(tensor_name: str, tied: bool) -> str | None:
     return f"model.layers.{match[1]}.{MODULES[match[2]]}"
 
 
+def _tied(reader) -> bool:
+    """Whether the file's output layer is its embedding (no output.weight of its own)."""
+    return not any(tensor.name == "output.weight" for tensor in reader.tensors)
+
+
 def block_linears(gguf_file: str | Path) -> int:
     """How many of the file's linears the kernels take (the header only: the weights are not read)."""
     from gguf import GGUFReader
 
     reader = GGUFReader(str(gguf_file))
-    tied = not any(tensor.name == "output.weight" for tensor in reader.tensors)
+    tied = _tied(reader)
     return sum(module_name(t.name, tied) is not None and t.tensor_type.name in kernels.BLOCKS for t in reader.tensors)
 
 
@@ -86,7 +91,7 @@ def apply(model: nn.Module, gguf_file: str | Path) -> list[str]:
     from gguf import GGUFReader
 
     reader = GGUFReader(str(gguf_file))
-    tied = not any(tensor.name == "output.weight" for tensor in reader.tensors)
+    tied = _tied(reader)
     layers = {}
     for tensor in reader.tensors:
         name = module_name(tensor.name, tied)

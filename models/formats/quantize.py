@@ -10,6 +10,7 @@ from models.formats.int8 import to_int8
 from models.presets import QUANTIZE_CHOICES, ModelLoadError
 
 LOW_BIT_CPU = ("int4", "int8")  # torch's packed CPU kernels, which take bfloat16 activations
+FILE_FORMATS = {"gguf": ("the project's CPU kernels", "block"), "q4k": ("torch's packed int4 CPU kernel", "Q4_K")}
 
 
 def resolve_quantize(quantize: str, dtype: torch.dtype, device: torch.device, dtype_given: bool = True) -> str:
@@ -21,20 +22,12 @@ def resolve_quantize(quantize: str, dtype: torch.dtype, device: torch.device, dt
     bring their own bfloat16 activations (`activation_dtype`)."""
     if quantize not in QUANTIZE_CHOICES:
         raise ModelLoadError(f"Unknown quantize {quantize!r}; use one of: {', '.join(QUANTIZE_CHOICES)}.")
-    if quantize == "gguf":
+    if quantize in FILE_FORMATS:  # a GGUF file's own weights: CPU only, float32 around them
+        kernel, layers = FILE_FORMATS[quantize]
         if device.type != "cpu":
-            raise ModelLoadError(f"gguf weights run on the project's CPU kernels, not on {device.type}. "
-                                 f"Fix: add --device cpu.")
+            raise ModelLoadError(f"{quantize} weights run on {kernel}, not on {device.type}. Fix: add --device cpu.")
         if dtype_given and dtype != torch.float32:
-            raise ModelLoadError(f"gguf keeps everything but its block layers in float32, not "
-                                 f"{str(dtype).removeprefix('torch.')}. Fix: add --dtype float32 (or auto).")
-        return quantize
-    if quantize == "q4k":
-        if device.type != "cpu":
-            raise ModelLoadError(f"q4k weights run on torch's packed int4 CPU kernel, not on {device.type}. "
-                                 f"Fix: add --device cpu.")
-        if dtype_given and dtype != torch.float32:
-            raise ModelLoadError(f"q4k keeps everything but its Q4_K layers in float32, not "
+            raise ModelLoadError(f"{quantize} keeps everything but its {layers} layers in float32, not "
                                  f"{str(dtype).removeprefix('torch.')}. Fix: add --dtype float32 (or auto).")
         return quantize
     if quantize == "int4" and device.type != "cpu":
@@ -55,7 +48,7 @@ def resolve_quantize(quantize: str, dtype: torch.dtype, device: torch.device, dt
 def activation_dtype(quantize: str, dtype: torch.dtype, device: torch.device) -> torch.dtype:
     """The dtype a model with these weights computes in: bfloat16 for low-bit CPU weights, float32 for q4k (bfloat16
     only inside its Q4_K layers) and gguf (int8 activations inside its block layers), else `dtype`."""
-    if quantize in ("q4k", "gguf"):
+    if quantize in FILE_FORMATS:
         return torch.float32
     return torch.bfloat16 if quantize in LOW_BIT_CPU and device.type == "cpu" else dtype
 
