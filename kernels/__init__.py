@@ -47,8 +47,21 @@ def build_id() -> str:
 
 
 def isa() -> str:
-    """The instruction set the kernels run with here ("avx2"), or "" where they cannot run."""
+    """The instruction set the kernels run with here ("avx512-vnni", "avx2"), or "" where they cannot run."""
     return "" if unavailable() else str(torch.ops.specchat.gguf_isa())
+
+
+def isas() -> list[str]:
+    """The kernels' instruction sets this CPU runs, best first (the first is the one taken by default)."""
+    return [] if unavailable() else list(torch.ops.specchat.gguf_isas())
+
+
+def use(name: str = "") -> str:
+    """Run on one instruction set's kernels from now on ("" for the best this CPU runs); the name now in use.
+    A set this CPU does not run is refused with the ones it does."""
+    if (reason := unavailable()) is not None:
+        raise RuntimeError(f"the GGUF block kernels cannot run here: {reason}")
+    return str(torch.ops.specchat.gguf_use(name))
 
 
 def matmul(x: Tensor, blocks: Tensor, block_type: str, out_features: int, bias: Tensor | None = None) -> Tensor:

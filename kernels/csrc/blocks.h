@@ -23,26 +23,36 @@ inline bool block_format(int64_t type, BlockFormat* format) {
   }
 }
 
-// Activations rounded to int8, one float scale per `group` (32) values, and the sums of each 16 consecutive int8
-// values (the weights' offsets and mins are applied through them).
+// Activations rounded to int8, one float scale per `group` (32) values. The AVX2 kernels read the values in order,
+// the scales and the sums of each 16 consecutive values (the weights' offsets and mins are applied through them);
+// the AVX-512 kernels read the values in their weights' lane order and per int32 lane a scale and an offset.
 struct Activations {
-  const int8_t* q;   // (rows, k)
-  const float* d;    // (rows, k / group)
-  const int16_t* s;  // (rows, k / 16)
+  const int8_t* q;             // (rows, k)
+  const float* d;              // (rows, k / group)
+  const int16_t* s;            // (rows, k / 16)
+  const float* lane_scale;     // (rows, lanes)
+  const int32_t* lane_offset;  // (rows, lanes)
   int64_t k;
   int64_t group;
+  int64_t lanes;  // per row: k / 8, room for one vector of 16 lanes per 128 values
 };
 
 struct Kernels {
   const char* name;
-  // Rows [row0, row0 + rows) of x (rows, k) float32 into q, d, s of `a` (whose pointers are cast back to writable).
-  void (*quantize)(const float* x, int64_t row0, int64_t rows, const Activations& a);
+  // Whether these kernels take a weight of this type with k inputs.
+  bool (*takes)(int64_t type, int64_t k);
+  // Rows [row0, row0 + rows) of x (rows, k) float32 into `a` (whose pointers are cast back to writable), for a
+  // weight of this type.
+  void (*quantize)(int64_t type, const float* x, int64_t row0, int64_t rows, const Activations& a);
   // out[m, n] = sum_k x[m, k] * w[n, k] (+ bias[n]) for rows [row0, row0 + rows) and columns [n0, n1).
   void (*matmul)(int64_t type, const uint8_t* w, int64_t row_bytes, const Activations& a, int64_t row0,
                  int64_t rows, const float* bias, float* out, int64_t n_out, int64_t n0, int64_t n1);
 };
 
 namespace avx2 {
+extern const Kernels kernels;
+}
+namespace avx512 {
 extern const Kernels kernels;
 }
 

@@ -42,7 +42,7 @@ inline __m256i word_pair(int i) {
 }
 const __m128i kMinPairs = _mm_setr_epi8(8, 8, 9, 9, 10, 10, 11, 11, 12, 12, 13, 13, 14, 14, 15, 15);
 
-void quantize(const float* x, int64_t row0, int64_t rows, const Activations& a) {
+void quantize(int64_t, const float* x, int64_t row0, int64_t rows, const Activations& a) {
   auto* q = const_cast<int8_t*>(a.q);
   auto* d = const_cast<float*>(a.d);
   auto* s = const_cast<int16_t*>(a.s);
@@ -266,9 +266,11 @@ void matmul(int64_t type, const uint8_t* w, int64_t row_bytes, const Activations
   }
 }
 
+bool takes(int64_t, int64_t) { return true; }
+
 }  // namespace
 
-const Kernels kernels = {"avx2", quantize, matmul};
+const Kernels kernels = {"avx2", takes, quantize, matmul};
 
 }  // namespace avx2
 }  // namespace specchat

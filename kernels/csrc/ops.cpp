@@ -3,7 +3,12 @@
 #include <ATen/Parallel.h>
 #include <torch/library.h>
 
+#include <algorithm>
+#include <atomic>
 #include <string>
+#include <vector>
+
+#include <c10/util/StringUtil.h>
 
 #include "blocks.h"
 
@@ -12,24 +17,54 @@ namespace {
 
 constexpr int64_t kRowTile = 16;  // rows whose int8 activations stay in L2 while every weight block meets them
 
-const Kernels* chosen() {
-  static const Kernels* kernels = [] {
-    __builtin_cpu_init();
-    const bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
-    return avx2 ? &avx2::kernels : nullptr;
-  }();
+bool has_avx2() {
+  __builtin_cpu_init();
+  return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+}
+
+bool has_avx512_vnni() {
+  __builtin_cpu_init();
+  return has_avx2() && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+         __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl") &&
+         __builtin_cpu_supports("avx512vnni");
+}
+
+// The best instruction set this CPU runs, unless gguf_use chose another it runs too.
+std::atomic<const Kernels*>& chosen() {
+  static std::atomic<const Kernels*> kernels{has_avx512_vnni() ? &avx512::kernels
+                                             : has_avx2()      ? &avx2::kernels
+                                                               : nullptr};
   return kernels;
 }
 
 std::string gguf_isa() {
-  const Kernels* kernels = chosen();
+  const Kernels* kernels = chosen().load();
   return kernels ? kernels->name : "";
+}
+
+// The kernels' instruction sets this CPU runs, best first.
+std::vector<std::string> gguf_isas() {
+  std::vector<std::string> names;
+  if (has_avx512_vnni()) names.emplace_back(avx512::kernels.name);
+  if (has_avx2()) names.emplace_back(avx2::kernels.name);
+  return names;
+}
+
+// Run on the kernels of one instruction set from now on ("" for the best); the name in use.
+std::string gguf_use(const std::string& isa) {
+  const auto names = gguf_isas();
+  const std::string name = isa.empty() && !names.empty() ? names.front() : isa;
+  TORCH_CHECK(std::find(names.begin(), names.end(), name) != names.end(), "specchat::gguf_use: this CPU does not run ",
+              isa, " kernels (it runs: ", c10::Join(", ", names), ")");
+  chosen().store(name == avx2::kernels.name ? &avx2::kernels : &avx512::kernels);
+  return gguf_isa();
 }
 
 at::Tensor gguf_mm(const at::Tensor& x, const at::Tensor& w, int64_t type, int64_t n_out,
                    const c10::optional<at::Tensor>& bias) {
-  const Kernels* kernels = chosen();
+  const Kernels* kernels = chosen().load();
   TORCH_CHECK(kernels, "specchat::gguf_mm needs a CPU with AVX2 and FMA");
+  if (!kernels->takes(type, x.size(1))) kernels = &avx2::kernels;
   BlockFormat format;
   TORCH_CHECK(block_format(type, &format), "specchat::gguf_mm: GGML type ", type, " is not supported");
   TORCH_CHECK(x.device().is_cpu() && x.scalar_type() == at::kFloat && x.dim() == 2,
@@ -52,10 +87,14 @@ at::Tensor gguf_mm(const at::Tensor& x, const at::Tensor& w, int64_t type, int64
   at::Tensor q = at::empty({rows, k}, x.options().dtype(at::kChar));
   at::Tensor d = at::empty({rows, k / group}, x.options());
   at::Tensor s = at::empty({rows, k / 16}, x.options().dtype(at::kShort));
-  const Activations a{q.data_ptr<int8_t>(), d.data_ptr<float>(), s.data_ptr<int16_t>(), k, group};
+  const int64_t lanes = k / 8;
+  at::Tensor lane_scale = at::empty({rows, lanes}, x.options());
+  at::Tensor lane_offset = at::empty({rows, lanes}, x.options().dtype(at::kInt));
+  const Activations a{q.data_ptr<int8_t>(), d.data_ptr<float>(),           s.data_ptr<int16_t>(),
+                      lane_scale.data_ptr<float>(), lane_offset.data_ptr<int32_t>(), k, group, lanes};
   at::Tensor out = at::empty({rows, n_out}, x.options());
   const float* x_data = input.data_ptr<float>();
-  at::parallel_for(0, rows, 1, [&](int64_t begin, int64_t end) { kernels->quantize(x_data, begin, end - begin, a); });
+  at::parallel_for(0, rows, 1, [&](int64_t begin, int64_t end) { kernels->quantize(type, x_data, begin, end - begin, a); });
   const uint8_t* weights = w.data_ptr<uint8_t>();
   float* out_data = out.data_ptr<float>();
   for (int64_t row0 = 0; row0 < rows; row0 += kRowTile) {
@@ -73,6 +112,8 @@ at::Tensor gguf_mm(const at::Tensor& x, const at::Tensor& w, int64_t type, int64
 TORCH_LIBRARY(specchat, m) {
   m.def("gguf_mm(Tensor x, Tensor w, int ggml_type, int out_features, Tensor? bias=None) -> Tensor");
   m.def("gguf_isa() -> str", &specchat::gguf_isa);
+  m.def("gguf_isas() -> str[]", &specchat::gguf_isas);
+  m.def("gguf_use(str isa) -> str", &specchat::gguf_use);
 }
 
 TORCH_LIBRARY_IMPL(specchat, CPU, m) { m.impl("gguf_mm", &specchat::gguf_mm); }
