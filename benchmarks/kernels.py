@@ -4,14 +4,17 @@ target step against llama.cpp's decoding of the same file on the same threads (i
     python -m benchmarks.kernels [--repeats N] [--json FILE]
 
 Kernel table: every linear of the embedded target's GGUF (its own blocks), ms for 1..16 rows, beside the floor (the
-bytes read / this run's streaming-read GB/s). Step table: the target on `gguf` (attention as the probe runs it here:
-row by row) and on float32 oneDNN-prepacked, ms for 1..16 new tokens after a 128-token context; llama.cpp's eval
-time per token from `llama-completion` (built by ./setup.sh --llamacpp), 64 tokens. Minimum of the repeats.
+bytes read / this run's streaming-read GB/s), for each instruction set's kernels this CPU runs (an AVX-512 machine
+runs the AVX2 build too). Step table: the target on `gguf` (attention row by row, as the probe runs it where the
+others are not exact) on each instruction set, and with --float32 on float32 oneDNN-prepacked, ms for 1..16 new
+tokens after a 128-token context; llama.cpp's eval time per token from `llama-completion` (built by
+./setup.sh --llamacpp), 64 tokens. Minimum of the repeats.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import platform
 import subprocess
@@ -79,9 +82,9 @@ def llamacpp_ms_per_token(gguf: Path, threads: int) -> float | None:
     return timings.generate_seconds / (timings.generated - 1) * 1e3
 
 
-def step_models() -> dict[str, CachedModel]:
+def step_models(float32: bool) -> dict[str, CachedModel]:
     models = {}
-    for name in ("gguf", "none"):
+    for name in ("gguf", "none") if float32 else ("gguf",):
         lm = CachedModel(load_model(TARGET, device="cpu", quantize=name, progress=False).model)
         invariance.apply(lm, invariance.TargetPath("rowwise", 1))
         models["gguf" if name == "gguf" else "float32-prepacked"] = lm
@@ -103,6 +106,7 @@ def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--json", type=Path)
+    parser.add_argument("--float32", action="store_true", help="time the float32 oneDNN-prepacked target's step too")
     args = parser.parse_args(argv)
     if (reason := kernels.unavailable()) is not None:
         print(f"the kernels cannot run here: {reason}", file=sys.stderr)
@@ -111,43 +115,62 @@ def main(argv: list[str]) -> int:
     layers = target_linears(gguf)
     weight_bytes = sum(raw.numel() for raw, *_ in layers)
     buffer = torch.ones(weight_bytes // 4)
-    models = step_models()
+    models = step_models(args.float32)
     ids = torch.randint(0, 150000, (CONTEXT + max(ROWS),), generator=torch.Generator().manual_seed(0)).tolist()
-    kernel_s: dict[int, list[float]] = {rows: [] for rows in ROWS}
-    step_s: dict[str, dict[int, list[float]]] = {name: {rows: [] for rows in ROWS} for name in models}
+    isas = kernels.isas()
+    runs = [(isa, name) for isa in isas for name in models if name == "gguf" or isa == isas[0]]
+    kernel_s: dict[str, dict[int, list[float]]] = {isa: {rows: [] for rows in ROWS} for isa in isas}
+    step_s: dict[str, dict[int, list[float]]] = {f"{name}, {isa}": {rows: [] for rows in ROWS} for isa, name in runs}
     reads, llama = [], []
     threads = torch.get_num_threads()
     time_linears(layers, 1)  # first-call allocations
-    for _ in range(args.repeats):
-        reads.append(streaming_read(buffer))
-        for rows in ROWS:
-            kernel_s[rows].append(time_linears(layers, rows))
-            for name, lm in models.items():
-                step_s[name][rows].append(time_step(lm, ids[:CONTEXT], ids[CONTEXT:CONTEXT + rows]))
-        llama.append(llamacpp_ms_per_token(gguf, threads))
+    try:
+        for _ in range(args.repeats):
+            reads.append(streaming_read(buffer))
+            for rows in ROWS:
+                for isa in isas:
+                    kernels.use(isa)
+                    kernel_s[isa][rows].append(time_linears(layers, rows))
+                for isa, name in runs:
+                    kernels.use(isa)
+                    step_s[f"{name}, {isa}"][rows].append(time_step(models[name], ids[:CONTEXT],
+                                                                    ids[CONTEXT:CONTEXT + rows]))
+            llama.append(llamacpp_ms_per_token(gguf, threads))
+    finally:
+        kernels.use()
     floor_ms = weight_bytes / max(reads) * 1e3
-    kernel_ms = {rows: min(v) * 1e3 for rows, v in kernel_s.items()}
+    kernel_ms = {isa: {rows: min(v) * 1e3 for rows, v in per.items()} for isa, per in kernel_s.items()}
     step_ms = {name: {rows: min(v) * 1e3 for rows, v in per.items()} for name, per in step_s.items()}
     llama_ms = min(llama) if None not in llama else None
-    result = {"machine": {"cpu": platform.processor() or platform.machine(), "isa": kernels.isa(),
-                          "threads": threads, "torch": torch.__version__},
+    result = {"machine": {"cpu": _cpu_name(), "isas": isas, "threads": threads, "torch": torch.__version__},
               "weight_bytes": weight_bytes, "read_gb_s": max(reads) / 1e9, "floor_ms": floor_ms,
               "kernel_ms": kernel_ms, "step_ms": step_ms, "llamacpp_ms_per_token": llama_ms}
     print(f"{len(layers)} linears, {weight_bytes / 1e9:.3f} GB; streaming read {max(reads) / 1e9:.1f} GB/s: floor "
-          f"{floor_ms:.1f} ms; {kernels.isa()} kernels, {threads} threads")
+          f"{floor_ms:.1f} ms; {_cpu_name()}, {threads} threads")
     print("| rows | " + " | ".join(str(r) for r in ROWS) + " |\n|---|" + "---|" * len(ROWS))
-    print("| linears, ms | " + " | ".join(f"{kernel_ms[r]:.0f}" for r in ROWS) + " |")
-    print("| × floor | " + " | ".join(f"{kernel_ms[r] / floor_ms:.2f}" for r in ROWS) + " |")
-    print("| × one row | " + " | ".join(f"{kernel_ms[r] / kernel_ms[1]:.2f}" for r in ROWS) + " |")
+    for isa, per in kernel_ms.items():
+        print(f"| linears, {isa}, ms | " + " | ".join(f"{per[r]:.0f}" for r in ROWS) + " |")
+        print(f"| × floor, {isa} | " + " | ".join(f"{per[r] / floor_ms:.2f}" for r in ROWS) + " |")
+        print(f"| × one row, {isa} | " + " | ".join(f"{per[r] / per[1]:.2f}" for r in ROWS) + " |")
     for name, per in step_ms.items():
         print(f"| step, {name}, ms | " + " | ".join(f"{per[r]:.0f}" for r in ROWS) + " |")
     if llama_ms is not None:
-        ours = step_ms["gguf"]
-        print(f"llama.cpp plain decode: {llama_ms:.1f} ms per token; our gguf step {ours[1] / llama_ms:.2f}× of it, "
-              f"a verify of 8 {ours[8] / ours[1]:.2f} steps")
+        ours = step_ms[f"gguf, {isas[0]}"]
+        print(f"llama.cpp plain decode: {llama_ms:.1f} ms per token; our gguf step ({isas[0]}) "
+              f"{ours[1] / llama_ms:.2f}× of it, a verify of 8 {ours[8] / ours[1]:.2f} steps")
     if args.json:
         args.json.write_text(json.dumps(result, indent=1) + "\n", encoding="utf-8")
     return 0
+
+
+def _cpu_name() -> str:
+    """The CPU's model name, family and model as the kernel reports them (platform.processor() is empty on Linux)."""
+    with contextlib.suppress(OSError):
+        fields = dict(line.split(":", 1) for line in Path("/proc/cpuinfo").read_text().split("\n\n")[0].splitlines()
+                      if ":" in line)
+        fields = {key.strip(): value.strip() for key, value in fields.items()}
+        return f"{fields['model name']} (family {fields['cpu family']}, model {fields['model']})"
+    return platform.machine()
 
 
 if __name__ == "__main__":

@@ -6,8 +6,10 @@ kernels (a float32 GEMM, SDPA's blocking) a row's bits then depend on how many r
 masked-out tail is, and a verify's rows round differently from the one-token steps. Here row i is the same
 computation, with the same shapes, in a verify, in a tree verify (its ancestors gathered in order) and in the step
 that decodes that token alone: the keys it sees, its heads grouped by key head, softmax in float32 (or wider) as
-eager attention does it. Registered with transformers' `AttentionInterface` as "rowwise"; `models.invariance` chooses
-it where the other implementations are not exact.
+eager attention does it. In float32 on a CPU the project's C++ kernel computes it (`kernels.row_attention`: the same
+rule without the Python loop, and opaque to torch.compile); in float64 or without the kernels, the loop below.
+Registered with transformers' `AttentionInterface` as "rowwise"; `models.invariance` chooses it where the other
+implementations are not exact.
 """
 
 from __future__ import annotations
@@ -16,6 +18,8 @@ import torch
 from torch import Tensor
 from transformers import AttentionInterface
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+
+import kernels
 
 NAME = "rowwise"
 
@@ -27,6 +31,10 @@ def rowwise_attention(module, query: Tensor, key: Tensor, value: Tensor, attenti
     batch, heads, rows, width = query.shape
     key_heads, length = key.shape[1], key.shape[2]
     scale = width ** -0.5 if scaling is None else scaling
+    if _native(query, key, value):
+        seen = None if attention_mask is None else (
+            attention_mask[:, 0] if attention_mask.dtype == torch.bool else attention_mask[:, 0] == 0)
+        return kernels.row_attention(query, key, value, seen, scale), None
     softmax_dtype = torch.promote_types(query.dtype, torch.float32)  # float32 at least, as eager attention does
     out = query.new_empty(batch, rows, heads, value.shape[-1])
     for b in range(batch):
@@ -43,6 +51,11 @@ def rowwise_attention(module, query: Tensor, key: Tensor, value: Tensor, attenti
             weights = torch.softmax(torch.matmul(q, k.transpose(-1, -2)) * scale, dim=-1, dtype=softmax_dtype)
             out[b, i] = torch.matmul(weights.to(v.dtype), v).reshape(heads, -1)
     return out, None
+
+
+def _native(*tensors: Tensor) -> bool:
+    """Whether the project's C++ kernel computes this attention (float32 on a CPU where the kernels load)."""
+    return all(t.dtype == torch.float32 and t.device.type == "cpu" for t in tensors) and kernels.unavailable() is None
 
 
 def _seen(mask: Tensor | None, b: int, rows: int, length: int, device: torch.device) -> Tensor:

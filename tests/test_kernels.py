@@ -115,3 +115,51 @@ def test_without_a_compiler_the_kernels_say_why_in_one_line_and_setup_goes_on(tm
     reason = kernels.unavailable(tmp_path / "cache")
     assert reason is not None and "\n" not in reason and "no-such-g++" in reason
     assert main() == 0 and "kernels not built" in capsys.readouterr().err
+
+
+def attention_reference(q, k, v, seen):
+    """float64 softmax(q k^T / sqrt(D)) v over the keys each row sees, heads grouped by key head; (B, Q, H, D)."""
+    group = q.shape[1] // k.shape[1]
+    k, v = k.double().repeat_interleave(group, 1), v.double().repeat_interleave(group, 1)
+    scores = (q.double() @ k.transpose(-1, -2)) * q.shape[-1] ** -0.5
+    scores = scores.masked_fill(~seen[:, None], float("-inf"))
+    return (scores.softmax(-1) @ v).transpose(1, 2)
+
+
+def causal(rows: int, length: int) -> torch.Tensor:
+    return torch.ones(rows, length, dtype=torch.bool).tril(length - rows)[None]
+
+
+@pytest.mark.parametrize("masked", [False, True])
+def test_row_attention_matches_a_float64_softmax_for_chains_and_trees(masked):
+    generator = torch.Generator().manual_seed(5)
+    q, k, v = (torch.randn(2, heads, rows, 64, generator=generator) for heads, rows in ((6, 5), (2, 19), (2, 19)))
+    seen = causal(5, 19).repeat(2, 1, 1)
+    if masked:  # a tree: rows 2 and 4 do not see the keys of rows 1 and 3, and one cached key is masked out
+        seen[:, 2, 15] = seen[:, 4, 15] = seen[:, 4, 17] = seen[1, :, 3] = False
+    got = kernels.row_attention(q, k, v, seen if masked else None, 64 ** -0.5)
+    assert got.shape == (2, 5, 6, 64)
+    torch.testing.assert_close(got.double(), attention_reference(q, k, v, seen), rtol=0, atol=2e-6)
+
+
+def test_row_attention_gives_a_row_the_same_bits_whatever_the_rows_beside_it_and_the_threads():
+    generator = torch.Generator().manual_seed(6)
+    q, k, v = (torch.randn(1, heads, 40, 128, generator=generator) for heads in (12, 2, 2))
+    scale = 128 ** -0.5
+    alone = [kernels.row_attention(q[:, :, i : i + 1], k[:, :, : i + 1], v[:, :, : i + 1], None, scale)
+             for i in range(40)]
+    for rows in (2, 3, 8, 17):  # the last `rows` of the first 30 keys, causal, and as a masked block past a tail
+        got = kernels.row_attention(q[:, :, 30 - rows : 30], k[:, :, :30], v[:, :, :30], None, scale)
+        padded = torch.zeros(1, rows, 40, dtype=torch.bool)
+        padded[:, :, :30] = causal(rows, 30)
+        masked = kernels.row_attention(q[:, :, 30 - rows : 30], k, v, padded, scale)
+        for r in range(rows):
+            assert torch.equal(got[:, r : r + 1], alone[30 - rows + r]), (rows, r)
+            assert torch.equal(masked[:, r : r + 1], alone[30 - rows + r]), (rows, r)
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        single = kernels.row_attention(q[:, :, 22:30], k[:, :, :30], v[:, :, :30], None, scale)
+    finally:
+        torch.set_num_threads(threads)
+    assert torch.equal(single, torch.cat(alone[22:30], dim=1))

@@ -24,18 +24,20 @@ inline bool block_format(int64_t type, BlockFormat* format) {
 }
 
 // Activations rounded to int8, one float scale per `group` (32) values. The AVX2 kernels read the values in order,
-// the scales and the sums of each 16 consecutive values (the weights' offsets and mins are applied through them);
-// the AVX-512 kernels read the values in their weights' lane order and per int32 lane a scale and an offset.
+// the scales and the sums of each 16 consecutive values (the weights' offsets and mins are applied through them).
+// The AVX-512 kernels read `packed`: per row (`row_stride` bytes) and per unit of their weights, the unit's values in
+// the weights' lane order, then per int32 lane a float scale and an int32 offset (kUnitExtra bytes).
 struct Activations {
-  const int8_t* q;             // (rows, k)
-  const float* d;              // (rows, k / group)
-  const int16_t* s;            // (rows, k / 16)
-  const float* lane_scale;     // (rows, lanes)
-  const int32_t* lane_offset;  // (rows, lanes)
+  const int8_t* q;       // (rows, k)
+  const float* d;        // (rows, k / group)
+  const int16_t* s;      // (rows, k / 16)
+  const int8_t* packed;  // (rows, row_stride)
   int64_t k;
   int64_t group;
-  int64_t lanes;  // per row: k / 8, room for one vector of 16 lanes per 128 values
+  int64_t row_stride;  // 2 k: room for a unit of 128 values and its 128 bytes of lanes
 };
+
+constexpr int64_t kUnitExtra = 128;  // 16 float scales and 16 int32 offsets after each unit's values
 
 struct Kernels {
   const char* name;

@@ -73,9 +73,8 @@ const Order& order_of(int64_t type) {
 // Q5_0's 16, Q8_0's 128 from its codes stored plus 128 as unsigned bytes); Q4_K's mins are scaled by the block.
 int offset_of(int64_t type) { return type == Q6_K ? 32 : type == Q5_0 ? 16 : type == Q8_0 ? 128 : 0; }
 
-// Per row: per 32 values one scale (max |x| / 127) and int8 values, stored in the type's order; per unit and lane
-// the group's scale (`lane_scale`) and the lane's offset (`lane_offset`: int32 start of its sum, or for Q4_K the
-// float sum of its activations).
+// Per row: per 32 values one scale (max |x| / 127) and int8 values; per unit the values in the type's order, then per
+// lane the group's scale and the lane's offset (the int32 start of its sum, or for Q4_K the float sum of its values).
 void quantize(int64_t type, const float* x, int64_t row0, int64_t rows, const Activations& a) {
   const Order& order = order_of(type);
   const int64_t groups = a.k / 32, units = a.k / order.unit;
@@ -97,31 +96,35 @@ void quantize(int64_t type, const float* x, int64_t row0, int64_t rows, const Ac
         _mm_storeu_si128(reinterpret_cast<__m128i*>(natural.data() + g * 32 + 16 * h), _mm512_cvtepi32_epi8(v));
       }
     }
-    auto* q = const_cast<int8_t*>(a.q) + m * a.k;
-    auto* lane_scale = const_cast<float*>(a.lane_scale) + m * a.lanes;
-    auto* lane_offset = const_cast<int32_t*>(a.lane_offset) + m * a.lanes;
+    auto* row = const_cast<int8_t*>(a.packed) + m * a.row_stride;
     for (int64_t u = 0; u < units; ++u) {
       const int8_t* in = natural.data() + u * order.unit;
-      int8_t* out = q + u * order.unit;
+      int8_t* out = row + u * (order.unit + kUnitExtra);
       for (int64_t p = 0; p < order.unit; ++p) out[p] = in[order.element[p]];
+      float lane_scale[kLanes];
+      int32_t lane_offset[kLanes];
       for (int lane = 0; lane < kLanes; ++lane) {
         int sum = 0;
         for (int64_t t = 0; t < order.vectors; ++t)
           for (int e = 0; e < 4; ++e) sum += out[64 * t + 4 * lane + e];
-        lane_scale[u * kLanes + lane] = scale[u * order.unit / 32 + order.group[lane]];
+        lane_scale[lane] = scale[u * order.unit / 32 + order.group[lane]];
         if (type == Q4_K) {
           const float as_float = static_cast<float>(sum);
-          std::memcpy(&lane_offset[u * kLanes + lane], &as_float, 4);
+          std::memcpy(&lane_offset[lane], &as_float, 4);
         } else {
-          lane_offset[u * kLanes + lane] = -offset * sum;
+          lane_offset[lane] = -offset * sum;
         }
       }
+      std::memcpy(out + order.unit, lane_scale, sizeof lane_scale);
+      std::memcpy(out + order.unit + 64, lane_offset, sizeof lane_offset);
     }
   }
 }
 
-inline __m512i ordered(const Activations& a, int64_t row, int64_t u, int64_t unit, int t) {
-  return load(a.q + row * a.k + u * unit + 64 * t);
+// The packed activations of rows [row0, row0 + R): each row's first unit.
+template <int R>
+void row_starts(const Activations& a, int64_t row0, const int8_t* (&rows)[R]) {
+  for (int r = 0; r < R; ++r) rows[r] = a.packed + (row0 + r) * a.row_stride;
 }
 
 // Q4_K: 256 weights, fp16 d and dmin, 12 bytes of 6-bit scales and mins for 8 groups of 32, 128 bytes of 4-bit codes;
@@ -136,6 +139,8 @@ void q4_k(const uint8_t* w, const Activations& a, int64_t row0, float* result) {
   const __m128i min_pairs = _mm_setr_epi8(8, 8, 9, 9, 10, 10, 11, 11, 12, 12, 13, 13, 14, 14, 15, 15);
   __m512 acc[R];
   for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_ps();
+  const int8_t* rows[R];
+  row_starts<R>(a, row0, rows);
   for (int64_t u = 0; u < units; ++u) {
     const uint8_t* block = w + u * 144;
     prefetch(block, 144);
@@ -155,15 +160,15 @@ void q4_k(const uint8_t* w, const Activations& a, int64_t row0, float* result) {
     for (int t = 0; t < 4; ++t)
       codes[t] = _mm512_and_si512(
           _mm512_srlv_epi64(_mm512_permutex2var_epi64(first, _mm512_load_si512(pick[t]), second), shift), nibble);
+    const int64_t at = u * (256 + kUnitExtra);
     __m512i dot[R];
-    for (int r = 0; r < R; ++r) dot[r] = _mm512_dpbusd_epi32(_mm512_setzero_si512(), codes[0], ordered(a, row0 + r, u, 256, 0));
+    for (int r = 0; r < R; ++r) dot[r] = _mm512_dpbusd_epi32(_mm512_setzero_si512(), codes[0], load(rows[r] + at));
     for (int t = 1; t < 4; ++t)
-      for (int r = 0; r < R; ++r) dot[r] = _mm512_dpbusd_epi32(dot[r], codes[t], ordered(a, row0 + r, u, 256, t));
+      for (int r = 0; r < R; ++r) dot[r] = _mm512_dpbusd_epi32(dot[r], codes[t], load(rows[r] + at + 64 * t));
     for (int r = 0; r < R; ++r) {
-      const int64_t row = row0 + r;
-      const float* lanes = a.lane_scale + row * a.lanes + u * kLanes;
-      const float* sums = reinterpret_cast<const float*>(a.lane_offset + row * a.lanes + u * kLanes);
-      const __m512 value = _mm512_fnmadd_ps(_mm512_loadu_ps(sums), mins, _mm512_mul_ps(_mm512_cvtepi32_ps(dot[r]), scales));
+      const float* lanes = reinterpret_cast<const float*>(rows[r] + at + 256);
+      const __m512 value = _mm512_fnmadd_ps(_mm512_loadu_ps(lanes + kLanes), mins,
+                                            _mm512_mul_ps(_mm512_cvtepi32_ps(dot[r]), scales));
       acc[r] = _mm512_fmadd_ps(value, _mm512_loadu_ps(lanes), acc[r]);
     }
   }
@@ -181,6 +186,8 @@ void q6_k(const uint8_t* w, const Activations& a, int64_t row0, float* result) {
   const __m128i lane_block = _mm_setr_epi8(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
   __m512 acc[R];
   for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_ps();
+  const int8_t* rows[R];
+  row_starts<R>(a, row0, rows);
   for (int64_t u = 0; u < units; ++u) {
     const uint8_t* block = w + u * 210;
     prefetch(block, 210);
@@ -201,12 +208,13 @@ void q6_k(const uint8_t* w, const Activations& a, int64_t row0, float* result) {
     const __m512i t2 = _mm512_unpacklo_epi32(natural[2], natural[3]), t3 = _mm512_unpackhi_epi32(natural[2], natural[3]);
     const __m512i codes[4] = {_mm512_unpacklo_epi64(t0, t2), _mm512_unpackhi_epi64(t0, t2),
                               _mm512_unpacklo_epi64(t1, t3), _mm512_unpackhi_epi64(t1, t3)};
+    const int64_t at = u * (256 + kUnitExtra);
     __m512i dot[R];
-    for (int r = 0; r < R; ++r) dot[r] = load(a.lane_offset + (row0 + r) * a.lanes + u * kLanes);
+    for (int r = 0; r < R; ++r) dot[r] = load(rows[r] + at + 256 + 64);
     for (int t = 0; t < 4; ++t)
-      for (int r = 0; r < R; ++r) dot[r] = _mm512_dpbusd_epi32(dot[r], codes[t], ordered(a, row0 + r, u, 256, t));
+      for (int r = 0; r < R; ++r) dot[r] = _mm512_dpbusd_epi32(dot[r], codes[t], load(rows[r] + at + 64 * t));
     for (int r = 0; r < R; ++r) {
-      const __m512 lanes = _mm512_loadu_ps(a.lane_scale + (row0 + r) * a.lanes + u * kLanes);
+      const __m512 lanes = _mm512_loadu_ps(reinterpret_cast<const float*>(rows[r] + at + 256));
       acc[r] = _mm512_fmadd_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(dot[r]), scales), lanes, acc[r]);
     }
   }
@@ -225,6 +233,8 @@ void small_blocks(const uint8_t* w, const Activations& a, int64_t row0, float* r
   const __m512i sign = _mm512_set1_epi8(static_cast<char>(0x80));
   __m512 acc[R];
   for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_ps();
+  const int8_t* rows[R];
+  row_starts<R>(a, row0, rows);
   for (int64_t u = 0; u < units; ++u) {
     const uint8_t* unit = w + u * 4 * bytes;
     prefetch(unit, 4 * bytes);
@@ -248,13 +258,13 @@ void small_blocks(const uint8_t* w, const Activations& a, int64_t row0, float* r
     if (kQ8) for (auto& c : codes) c = _mm512_xor_si512(c, sign);  // signed codes + 128, as unsigned bytes
     const __m128 d4 = _mm_setr_ps(half(unit), half(unit + bytes), half(unit + 2 * bytes), half(unit + 3 * bytes));
     const __m512 scales = _mm512_permutexvar_ps(quarter, _mm512_castps128_ps512(d4));
+    const int64_t at = u * (128 + kUnitExtra);
+    __m512i dot[R];
+    for (int r = 0; r < R; ++r) dot[r] = _mm512_dpbusd_epi32(load(rows[r] + at + 128 + 64), codes[0], load(rows[r] + at));
+    for (int r = 0; r < R; ++r) dot[r] = _mm512_dpbusd_epi32(dot[r], codes[1], load(rows[r] + at + 64));
     for (int r = 0; r < R; ++r) {
-      const int64_t row = row0 + r;
-      __m512i dot = load(a.lane_offset + row * a.lanes + u * kLanes);
-      dot = _mm512_dpbusd_epi32(dot, codes[0], ordered(a, row, u, 128, 0));
-      dot = _mm512_dpbusd_epi32(dot, codes[1], ordered(a, row, u, 128, 1));
-      const __m512 lanes = _mm512_loadu_ps(a.lane_scale + row * a.lanes + u * kLanes);
-      acc[r] = _mm512_fmadd_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(dot), scales), lanes, acc[r]);
+      const __m512 lanes = _mm512_loadu_ps(reinterpret_cast<const float*>(rows[r] + at + 128));
+      acc[r] = _mm512_fmadd_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(dot[r]), scales), lanes, acc[r]);
     }
   }
   for (int r = 0; r < R; ++r) result[r] = _mm512_reduce_add_ps(acc[r]);

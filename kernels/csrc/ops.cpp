@@ -87,11 +87,9 @@ at::Tensor gguf_mm(const at::Tensor& x, const at::Tensor& w, int64_t type, int64
   at::Tensor q = at::empty({rows, k}, x.options().dtype(at::kChar));
   at::Tensor d = at::empty({rows, k / group}, x.options());
   at::Tensor s = at::empty({rows, k / 16}, x.options().dtype(at::kShort));
-  const int64_t lanes = k / 8;
-  at::Tensor lane_scale = at::empty({rows, lanes}, x.options());
-  at::Tensor lane_offset = at::empty({rows, lanes}, x.options().dtype(at::kInt));
-  const Activations a{q.data_ptr<int8_t>(), d.data_ptr<float>(),           s.data_ptr<int16_t>(),
-                      lane_scale.data_ptr<float>(), lane_offset.data_ptr<int32_t>(), k, group, lanes};
+  at::Tensor packed = at::empty({rows, 2 * k}, x.options().dtype(at::kChar));
+  const Activations a{q.data_ptr<int8_t>(), d.data_ptr<float>(), s.data_ptr<int16_t>(), packed.data_ptr<int8_t>(), k,
+                      group, 2 * k};
   at::Tensor out = at::empty({rows, n_out}, x.options());
   const float* x_data = input.data_ptr<float>();
   at::parallel_for(0, rows, 1, [&](int64_t begin, int64_t end) { kernels->quantize(type, x_data, begin, end - begin, a); });
