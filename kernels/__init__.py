@@ -27,11 +27,16 @@ def _loaded(cache_dir: Path | None = None) -> str | None:
     if not torch.ops.specchat.gguf_isa():
         return "this CPU has no AVX2 and FMA"
     torch.library.register_fake("specchat::gguf_mm")(_fake_mm)
+    torch.library.register_fake("specchat::gguf_rows")(_fake_rows)
     return None
 
 
 def _fake_mm(x: Tensor, w: Tensor, ggml_type: int, out_features: int, bias: Tensor | None = None) -> Tensor:
     return x.new_empty(x.shape[0], out_features)
+
+
+def _fake_rows(blocks: Tensor, ids: Tensor, ggml_type: int, cols: int) -> Tensor:
+    return blocks.new_empty(*ids.shape, cols, dtype=torch.float32)
 
 
 def unavailable(cache_dir: Path | None = None) -> str | None:
@@ -70,3 +75,10 @@ def matmul(x: Tensor, blocks: Tensor, block_type: str, out_features: int, bias: 
     if (reason := unavailable()) is not None:
         raise RuntimeError(f"the GGUF block kernels cannot run here: {reason}")
     return torch.ops.specchat.gguf_mm(x, blocks, BLOCKS[block_type][0], out_features, bias)
+
+def rows(blocks: Tensor, ids: Tensor, block_type: str, cols: int) -> Tensor:
+    """Rows `ids` (integers, any shape) of a tensor (rows, cols) held as GGUF blocks, uint8 (rows, bytes of one row),
+    dequantized as the format defines: float32 (*ids.shape, cols). Only the rows asked are decoded (a lookup)."""
+    if (reason := unavailable()) is not None:
+        raise RuntimeError(f"the GGUF block kernels cannot run here: {reason}")
+    return torch.ops.specchat.gguf_rows(blocks, ids, BLOCKS[block_type][0], cols)

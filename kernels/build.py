@@ -25,7 +25,8 @@ COMMON = ["-std=c++17", "-O3", "-fPIC", "-ffp-contract=off", ABI]  # no contract
 # each instruction set's kernels built with its own flags; the op (ops.cpp) picks one at run time
 UNITS = {"ops.cpp": ["-fopenmp"], "blocks_avx2.cpp": ["-mavx2", "-mfma", "-mf16c"],
          "blocks_avx512.cpp": ["-mavx2", "-mfma", "-mf16c", "-mavx512f", "-mavx512bw", "-mavx512dq", "-mavx512vl",
-                               "-mavx512vnni"]}
+                               "-mavx512vnni"],
+         "rows.cpp": []}
 LIBRARY = "specchat_kernels.so"
 
 

@@ -179,11 +179,10 @@ def linear_kinds(model, width: int) -> dict[str, str]:
         if isinstance(width_in, int) and hasattr(module, "out_features") and not name.startswith(outer + "."):
             kinds.setdefault(name.rsplit(".", 1)[-1], (module, width_in))
             outer = name
-    embeddings = model.get_input_embeddings().weight
     generator = torch.Generator().manual_seed(0)
     verdicts = {}
     for kind, (layer, width_in) in kinds.items():
-        x = torch.randn((1, width, width_in), generator=generator).to(embeddings)
+        x = torch.randn((1, width, width_in), generator=generator).to(model.device, model.dtype)  # as the layers see
         full = layer(x)
         if not all(torch.equal(layer(x[:, :m]), full[:, :m]) for m in range(2, width)):
             verdicts[kind] = ROWS

@@ -48,7 +48,8 @@ class LoadedModel:
         """How the weights are held and computed: "int4 weights, bfloat16 activations", "float32, oneDNN-prepacked"."""
         dtype = str(next(self.model.parameters()).dtype).removeprefix("torch.")
         if self.quantize == "gguf":
-            kinds = sorted({m.block_type for m in self.model.modules() if isinstance(m, blocks.BlockLinear)})
+            kinds = sorted({m.block_type for m in self.model.modules()
+                            if isinstance(m, (blocks.BlockLinear, blocks.BlockEmbedding))})
             return (f"the GGUF's own {', '.join(kinds)} blocks ({kernels.isa()} kernels {kernels.build_id()}, int8 "
                     "activations), the rest float32")
         if self.quantize == "q4k":
@@ -99,8 +100,8 @@ def load_model(
         elif gguf is not None and (asked == "gguf" or quantize == "int4"):
             quantize = "gguf"
         torch_dtype = activation_dtype(quantize, compute_dtype, torch_device)
-        # gguf: read in bfloat16 (the converted copy's own dtype, so the same values) and widened once the linears
-        # are blocks: half the peak memory
+        # gguf: read in bfloat16 (the converted copy's own dtype, so the same values; mapped, not read, until used)
+        # and widened once the linears and the embedding are blocks: their dense weights are never read
         read_dtype = torch.bfloat16 if quantize == "gguf" else torch_dtype
         model, tokenizer = _from_pretrained(spec, source, read_dtype, trust_remote_code)
     model.to(torch_device)  # type: ignore[arg-type]  # transformers' decorator on `to` hides its signature
@@ -110,7 +111,7 @@ def load_model(
         # prefill runs on the same kernels: no dense copy
         _apply_file_weights(model, blocks.apply, str(gguf),
                             f"{', '.join(kernels.BLOCKS)} weights. Fix: use int4 for other types.")
-        model.float()  # the embedding, norms and biases; the blocks are uint8 and stay
+        model.float()  # norms and biases (and a layer in another type); the blocks are uint8 and stay
     elif quantize == "q4k":
         dense = copy.deepcopy(model) if keep_dense else None
         _apply_q4k(model, spec, source, cache_root, progress)  # its other layers (Q6_K) are prepacked below

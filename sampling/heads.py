@@ -25,7 +25,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from models.formats.layers import linear_weight
+from models.formats.layers import linear_rows, linear_weight
 from models.presets import ModelLoadError
 from utils.errors import one_line
 
@@ -199,7 +199,7 @@ class DraftHead:
 
     config: HeadConfig
     module: nn.Module
-    embed: Tensor  # (V, H) the target's input embeddings, shared with it (in its dtype: rows are cast when read)
+    embed: nn.Module  # the target's input embedding, shared with it: a lookup in its format (rows cast when read)
     out: Tensor  # (N, H) the target's output layer, rows of `vocab` only
     vocab: Tensor | None  # (N,) token ids, or None: all V
     info: dict = field(default_factory=dict)  # the project's format: how it was trained, held-out acceptance
@@ -212,8 +212,9 @@ class DraftHead:
         return torch.bfloat16 if self.out_layer is not None else self.out.dtype
 
     def embeds(self, token_ids: Tensor) -> Tensor:
-        """The target's input embeddings of `token_ids`, in the head's dtype."""
-        return self.embed[token_ids].to(self.dtype)
+        """The target's input embeddings of `token_ids`, in the head's dtype (no gradient reaches the target)."""
+        with torch.no_grad():
+            return self.embed(token_ids).to(self.dtype)
 
     def logits(self, features: Tensor) -> Tensor:
         """(..., N) draft logits over the draft vocabulary, float32 or wider."""
@@ -256,31 +257,24 @@ def compact(head: DraftHead, weights: str) -> DraftHead:
     return DraftHead(head.config, module, head.embed, head.out, head.vocab, head.info, weights, low_bit(out))
 
 
-def target_layers(model) -> tuple[Tensor, Tensor]:
-    """A causal LM's input embeddings and output layer, (V, H) each, plain tensors whatever their format."""
-    embed = model.get_input_embeddings().weight.detach()
-    return embed, linear_weight(model.get_output_embeddings())
-
-
 def bind(config: HeadConfig, module: nn.Module, model, vocab: Tensor | None, info: dict | None = None,
          dtype: torch.dtype = torch.float32) -> DraftHead:
-    """A head for `model`: its sizes checked against the target's, its weights and the target's layers it reads in
-    `dtype`."""
-    embed, out = target_layers(model)
-    hidden = embed.shape[1]
+    """A head for `model`: its sizes checked against the target's, its weights and the target's output rows it reads
+    in `dtype`; the target's input embedding shared, whatever its format."""
+    out_layer = model.get_output_embeddings()
+    hidden, size = out_layer.in_features, out_layer.out_features
     if config.hidden_size != hidden:
         raise ModelLoadError(f"the head reads features of width {config.hidden_size}, the target's are {hidden}: "
                              "it was trained for another model")
-    if vocab is not None and (vocab.numel() == 0 or int(vocab.max()) >= out.shape[0] or int(vocab.min()) < 0):
-        raise ModelLoadError(f"the head's draft vocabulary has token ids outside the target's {out.shape[0]}")
-    if config.own_lm_head and config.vocab_size > out.shape[0]:
-        raise ModelLoadError(f"the head's vocabulary ({config.vocab_size}) is larger than the target's "
-                             f"({out.shape[0]})")
-    device = embed.device
-    module = module.to(device=device, dtype=dtype).eval().requires_grad_(False)
-    rows = out if vocab is None else out[vocab.to(device)]
-    return DraftHead(config, module, embed, rows.to(dtype).contiguous(),
-                     None if vocab is None else vocab.to(device), info or {})
+    if vocab is not None and (vocab.numel() == 0 or int(vocab.max()) >= size or int(vocab.min()) < 0):
+        raise ModelLoadError(f"the head's draft vocabulary has token ids outside the target's {size}")
+    if config.own_lm_head and config.vocab_size > size:
+        raise ModelLoadError(f"the head's vocabulary ({config.vocab_size}) is larger than the target's ({size})")
+    # only the draft vocabulary's rows: a whole output layer in blocks would be widened to float32 for them
+    rows = linear_weight(out_layer) if vocab is None else linear_rows(out_layer, vocab.to(model.device))
+    module = module.to(device=rows.device, dtype=dtype).eval().requires_grad_(False)
+    return DraftHead(config, module, model.get_input_embeddings(), rows.detach().to(dtype).contiguous(),
+                     None if vocab is None else vocab.to(rows.device), info or {})
 
 
 def build(config: HeadConfig) -> nn.Module:
@@ -424,12 +418,12 @@ def load_heads(specs: list[str] | None, target_name: str, model) -> dict[str, Dr
     if specs and any(spec.strip().lower() == "none" for spec in specs):
         return {}
     paths = [Path(spec) for spec in specs] if specs else shipped_heads(target_name)
-    embed = model.get_input_embeddings().weight
-    dtype = torch.float32 if embed.device.type == "cpu" or not embed.dtype.is_floating_point else embed.dtype
+    on_cpu = model.device.type == "cpu"
+    dtype = torch.float32 if on_cpu else model.dtype
     heads: dict[str, DraftHead] = {}
     for path in paths:
         head = load_head(path, model, dtype)
-        if embed.device.type == "cpu":
+        if on_cpu:
             head = compact(head, "int4")
         kind = head.config.kind
         if kind in heads:

@@ -3,6 +3,8 @@ greedy speculative output identical to autoregressive on them."""
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
 from gguf import GGMLQuantizationType, GGUFWriter
@@ -15,8 +17,8 @@ from sampling.autoregressive import Autoregressive
 from sampling.base import DecodeConfig
 from sampling.drafters.model import ModelDrafter
 from sampling.speculative import Speculative
-from tests.helpers import tiny_model
-from tests.test_kernels import random_blocks
+from tests.helpers import random_head, tiny_model
+from tests.test_kernels import dequantized, random_blocks
 from utils.caching import CachedModel
 
 pytestmark = pytest.mark.skipif(kernels.unavailable() is not None, reason=f"kernels: {kernels.unavailable()}")
@@ -41,12 +43,16 @@ def gguf_tensors(model, seed: int = 0) -> dict[str, tuple[str, torch.Tensor]]:
 
 
 def block_model(seed: int = 0):
+    """A tiny Llama with every linear and its input embedding in random blocks."""
     model = tiny_model(dtype=torch.float32, layers=2, hidden=256, seed=seed)
     for tensor_name, (kind, raw) in gguf_tensors(model, seed).items():
         name = blocks.module_name(tensor_name, tied=False)
         parent, _, child = name.rpartition(".")
         setattr(model.get_submodule(parent) if parent else model, child, blocks.BlockLinear(raw, kind,
                 model.get_submodule(name).in_features, None))
+    vocab, hidden = model.config.vocab_size, model.config.hidden_size
+    raw = torch.from_numpy(random_blocks("Q8_0", vocab, hidden, seed=seed + 77))
+    model.set_input_embeddings(blocks.BlockEmbedding(raw, "Q8_0", hidden))
     return model
 
 
@@ -116,3 +122,95 @@ def test_gguf_names_map_to_the_models_linears():
     assert blocks.module_name("token_embd.weight", tied=True) == "lm_head"
     assert blocks.module_name("token_embd.weight", tied=False) is None
     assert blocks.module_name("blk.0.attn_norm.weight", tied=False) is None
+
+
+@pytest.mark.parametrize("block_type", FORMATS)
+def test_a_block_embedding_dequantizes_the_rows_it_looks_up_and_holds_no_float_table(block_type):
+    raw = random_blocks(block_type, 50, 256, seed=3)
+    embedding = blocks.BlockEmbedding(torch.from_numpy(raw), block_type, 256)
+    ids = torch.tensor([[0, 49, 7], [7, 7, 1]])
+    table = torch.from_numpy(dequantized(raw, block_type, 256)).float()
+    assert torch.equal(embedding(ids), table[ids])
+    assert (embedding.num_embeddings, embedding.embedding_dim) == (50, 256)
+    assert embedding.weight.shape == (50, 256) and embedding.weight.is_meta  # its width, for code that reads one
+    assert [name for name, _ in embedding.named_parameters()] == []
+    with pytest.raises((RuntimeError, NotImplementedError)):  # no values behind it
+        embedding.weight.tolist()
+    with pytest.raises(ValueError, match="do not hold 512 weights"):
+        blocks.BlockEmbedding(torch.from_numpy(raw), block_type, 512)
+
+
+def embedding_file(tmp_path, model, tied: bool, seed: int = 0):
+    """A GGUF of the model's linears and token_embd (Q4_K) in random blocks, without output.weight where `tied`; the
+    model's weights set to the file's (the embedding's to seed 0's, so another seed is another model's file)."""
+    tensors = gguf_tensors(model, seed=0)
+    if tied:
+        del tensors["output.weight"]
+    vocab, hidden = model.config.vocab_size, model.config.hidden_size
+    tensors["token_embd.weight"] = "Q4_K", torch.from_numpy(random_blocks("Q4_K", vocab, hidden, seed=seed + 31))
+    with torch.no_grad():
+        for tensor_name, (kind, raw) in tensors.items():
+            if tensor_name == "token_embd.weight":
+                table = dequantized(random_blocks("Q4_K", vocab, hidden, seed=31), "Q4_K", hidden)
+                model.get_input_embeddings().weight.copy_(torch.from_numpy(table))
+            elif not (tied and tensor_name == "output.weight"):
+                layer = model.get_submodule(blocks.module_name(tensor_name, tied=tied))
+                layer.weight.copy_(blocks.BlockLinear(raw, kind, layer.in_features, None).dequantized())
+    path = tmp_path / f"model-{tied}-{seed}.gguf"
+    write_gguf(path, tensors)
+    return path
+
+
+def float_tables(model) -> list[str]:
+    """The model's parameters of the size of a (vocabulary, hidden) table."""
+    size = model.config.vocab_size * model.config.hidden_size
+    return [name for name, p in model.named_parameters(remove_duplicate=False) if p.numel() == size]
+
+
+def test_apply_puts_the_embedding_in_blocks_and_the_model_computes_what_it_did(tmp_path):
+    model = tiny_model(dtype=torch.float32, layers=2, hidden=256)
+    path = embedding_file(tmp_path, model, tied=False)
+    reference = copy.deepcopy(model)
+    replaced = blocks.apply(model, path)
+    embedding = model.get_input_embeddings()
+    assert isinstance(embedding, blocks.BlockEmbedding) and "model.embed_tokens" in replaced
+    assert embedding.block_type == "Q4_K" and float_tables(model) == []
+    ids = torch.tensor([[3, 8, 1, 96, 4, 0]])
+    with torch.inference_mode():
+        assert torch.equal(embedding(ids), reference.get_input_embeddings()(ids))  # the same values, bit for bit
+        got, expected = model(ids).logits, reference(ids).logits
+    assert (got - expected).abs().max() <= 3e-2 * expected.abs().max()  # the linears' int8 activations
+
+
+def test_a_tied_files_embedding_and_output_layer_share_one_copy_of_its_blocks(tmp_path):
+    model = tiny_model(dtype=torch.float32, layers=2, hidden=256)
+    model.lm_head.weight = model.get_input_embeddings().weight  # tied, as a converted Qwen2.5-0.5B is
+    path = embedding_file(tmp_path, model, tied=True)
+    assert {"lm_head", "model.embed_tokens"} <= set(blocks.apply(model, path))
+    assert isinstance(model.lm_head, blocks.BlockLinear) and model.lm_head.block_type == "Q4_K"
+    assert model.lm_head.blocks.data_ptr() == model.get_input_embeddings().blocks.data_ptr()
+    assert float_tables(model) == []  # the tie brought no float32 table back
+
+
+def test_apply_refuses_another_models_embedding_and_changes_nothing(tmp_path):
+    model = tiny_model(dtype=torch.float32, layers=2, hidden=256)
+    other = embedding_file(tmp_path, model, tied=False, seed=5)  # the linears match, token_embd does not
+    before = model.get_input_embeddings(), model.model.layers[1].mlp.up_proj
+    with pytest.raises(ValueError, match="token_embd.weight in .* does not hold the weights of the model's "
+                                         "model.embed_tokens"):
+        blocks.apply(model, other)
+    assert (model.get_input_embeddings(), model.model.layers[1].mlp.up_proj) == before
+
+
+def test_what_reads_the_embedding_works_on_blocks_the_hidden_width_and_a_heads_rows():
+    model = block_model()
+    target = CachedModel(model)
+    target.keep_hidden()
+    assert target.hidden.shape == (0, 256)  # utils/caching reads the width from the embedding's `weight`
+    vocab = torch.tensor([5, 17, 96, 0])
+    head = random_head(model, "eagle", vocab=vocab)
+    assert head.embed is model.get_input_embeddings()
+    ids = torch.tensor([3, 5, 3])
+    assert torch.equal(head.embeds(ids), model.get_input_embeddings()(ids))
+    assert torch.equal(head.out, model.lm_head.dequantized()[vocab])  # only those rows dequantized
+    assert torch.equal(model.lm_head.weight_rows(vocab), model.lm_head.dequantized()[vocab])

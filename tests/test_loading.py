@@ -23,7 +23,7 @@ import kernels
 from models import devices, gguf
 from models import store as model_cache
 from models.devices import cpuinfo_has_bf16, resolve_device, resolve_dtype
-from models.formats.blocks import BlockLinear
+from models.formats.blocks import BlockEmbedding, BlockLinear
 from models.formats.int8 import Int8Linear
 from models.formats.prepack import PackedLinear
 from models.formats.q4k import Q4KLinear
@@ -785,6 +785,27 @@ def test_gguf_runs_the_files_own_blocks_and_auto_takes_it_where_a_gguf_file_is(t
         got, expected = loaded.model(ids).logits, reference.model(ids).logits
     assert (got - expected).abs().max() <= 3e-2 * expected.abs().max()
     assert load_model(str(gguf_path), device="cpu", quantize="auto", cache_dir=cache, progress=False).quantize == "gguf"
+
+
+@pytest.mark.skipif(kernels.unavailable() is not None, reason=f"kernels: {kernels.unavailable()}")
+def test_gguf_holds_the_files_embedding_in_blocks_and_no_float_table_of_it(tmp_path, monkeypatch):
+    from tests.test_blocks import embedding_file, float_tables
+
+    directory = save_tiny_checkpoint(tmp_path / "tiny", hidden=256, intermediate=512)
+    model = AutoModelForCausalLM.from_pretrained(directory)
+    gguf_path = embedding_file(tmp_path, model, tied=False)
+    model.save_pretrained(directory)  # with the file's weights
+    monkeypatch.setattr(model_cache, "convert_gguf",
+                        lambda path, dest: shutil.copytree(directory, dest, dirs_exist_ok=True))
+    cache = tmp_path / "cache"
+    loaded = load_model(str(gguf_path), device="cpu", quantize="gguf", cache_dir=cache, progress=False)
+    reference = load_model(str(gguf_path), device="cpu", dtype="float32", cache_dir=cache, progress=False)
+    assert isinstance(loaded.model.get_input_embeddings(), BlockEmbedding) and "Q4_K" in loaded.format
+    assert float_tables(loaded.model) == [] and {p.dtype for p in loaded.model.parameters()} == {torch.float32}
+    ids = torch.tensor([[3, 8, 1, 9, 4]])
+    with torch.inference_mode():
+        got, expected = loaded.model(ids).logits, reference.model(ids).logits
+    assert (got - expected).abs().max() <= 3e-2 * expected.abs().max()
 
 
 def test_gguf_without_a_gguf_file_says_so_and_loads_the_dense_weights(tmp_path, monkeypatch, capsys):

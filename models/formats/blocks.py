@@ -1,14 +1,16 @@
 """A model's weights exactly as its GGUF file holds them (Q4_K, Q6_K, Q5_0, Q8_0 blocks), on the project's kernels.
 
-Every decoder linear and the output layer in the file's own format; the residual stream, norms and attention stay
-float32. Each layer rounds its input to int8 per block inside the kernel (as llama.cpp's dot products do), and a row's
-result has the same bits whatever the number of rows, so a verify computes what the one-token steps compute.
+Every decoder linear, the output layer and the input embedding in the file's own format (a lookup dequantizes only the
+rows of its ids); the residual stream, norms and attention stay float32. Each linear rounds its input to int8 per
+block inside the kernel (as llama.cpp's dot products do), and a row's result has the same bits whatever the number of
+rows, so a verify computes what the one-token steps compute.
 """
 
 from __future__ import annotations
 
 import re
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -16,6 +18,9 @@ from torch import Tensor, nn
 
 import kernels
 from models.formats.layers import linear_weight
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
 
 MODULES = {"attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj",
            "attn_output": "self_attn.o_proj", "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj",
@@ -30,15 +35,8 @@ class BlockLinear(nn.Module):
 
     def __init__(self, blocks: Tensor, block_type: str, in_features: int, bias: Tensor | None):
         super().__init__()
-        if block_type not in kernels.BLOCKS:
-            raise ValueError(f"the kernels take {', '.join(kernels.BLOCKS)} blocks, not {block_type}")
-        if (reason := kernels.unavailable()) is not None:  # loads the op's library where it can
-            raise RuntimeError(f"the GGUF block kernels cannot run here: {reason}")
-        self.block_type = block_type
-        self.type_id, per_block, block_bytes = kernels.BLOCKS[block_type]
+        self.block_type, self.type_id = block_type, _type_id(blocks, block_type, in_features)
         self.out_features, self.in_features = blocks.shape[0], in_features
-        if in_features % per_block or blocks.shape[1] != in_features // per_block * block_bytes:
-            raise ValueError(f"{blocks.shape[1]} bytes of {block_type} per row do not hold {in_features} weights")
         self.register_buffer("blocks", blocks.contiguous())
         self.bias = None if bias is None else nn.Parameter(bias.detach().float().contiguous(), requires_grad=False)
 
@@ -54,9 +52,52 @@ class BlockLinear(nn.Module):
         values = quants.dequantize(self.blocks.numpy(), GGMLQuantizationType[self.block_type])
         return torch.from_numpy(np.ascontiguousarray(values)).reshape(self.out_features, self.in_features)
 
+    def weight_rows(self, ids: Tensor) -> Tensor:
+        """Rows `ids` of the weights, (*ids.shape, in) float32, without dequantizing the others."""
+        return torch.ops.specchat.gguf_rows(self.blocks, ids, self.type_id, self.in_features)
+
     def extra_repr(self) -> str:
         return (f"in_features={self.in_features}, out_features={self.out_features}, {self.block_type}, "
                 f"bias={self.bias is not None}")
+
+
+class BlockEmbedding(nn.Module):
+    """An input embedding holding one GGUF tensor's blocks, uint8 (num_embeddings, bytes per row): a lookup
+    dequantizes the rows of the ids asked to float32 (as the format defines them); no float table is held."""
+
+    blocks: Tensor  # buffer
+
+    def __init__(self, blocks: Tensor, block_type: str, embedding_dim: int):
+        super().__init__()
+        self.block_type, self.type_id = block_type, _type_id(blocks, block_type, embedding_dim)
+        self.num_embeddings, self.embedding_dim = blocks.shape[0], embedding_dim
+        self.register_buffer("blocks", blocks.contiguous())
+
+    def forward(self, input_ids: Tensor) -> Tensor:
+        """(*ids.shape, embedding_dim) float32."""
+        return torch.ops.specchat.gguf_rows(self.blocks, input_ids, self.type_id, self.embedding_dim)
+
+    @property
+    def weight(self) -> Tensor:
+        """The table's shape and dtype without its values, as a meta tensor (for code that reads the width). The values
+        exist only as blocks: look rows up by calling the module; reading values from this raises."""
+        return torch.empty(self.num_embeddings, self.embedding_dim, device="meta")
+
+    def extra_repr(self) -> str:
+        return f"{self.num_embeddings}, {self.embedding_dim}, {self.block_type}"
+
+
+def _type_id(blocks: Tensor, block_type: str, width: int) -> int:
+    """The GGML type id of `blocks`, rows of `width` values in `block_type`; refused where the kernels cannot run or
+    the bytes do not hold the rows."""
+    if block_type not in kernels.BLOCKS:
+        raise ValueError(f"the kernels take {', '.join(kernels.BLOCKS)} blocks, not {block_type}")
+    if (reason := kernels.unavailable()) is not None:  # loads the op's library where it can
+        raise RuntimeError(f"the GGUF block kernels cannot run here: {reason}")
+    type_id, per_block, block_bytes = kernels.BLOCKS[block_type]
+    if blocks.dim() != 2 or width % per_block or blocks.shape[1] != width // per_block * block_bytes:
+        raise ValueError(f"{blocks.shape[-1]} bytes of {block_type} per row do not hold {width} weights")
+    return type_id
 
 
 def module_name(tensor_name: str, tied: bool) -> str | None:
@@ -84,29 +125,84 @@ def block_linears(gguf_file: str | Path) -> int:
     return sum(module_name(t.name, tied) is not None and t.tensor_type.name in kernels.BLOCKS for t in reader.tensors)
 
 
-def apply(model: nn.Module, gguf_file: str | Path) -> list[str]:
-    """Replace, in place, each linear of a Qwen2/Llama-layout model that the GGUF stores in blocks the kernels take
-    by a `BlockLinear` of the file's bytes; the names replaced. The first layer's weights are checked against the
-    model's (the file must be the one it was loaded from); a refused file changes nothing."""
+def apply(model: PreTrainedModel, gguf_file: str | Path) -> list[str]:
+    """Replace, in place, each linear of a Qwen2/Llama-layout model that the GGUF stores in blocks the kernels take by
+    a `BlockLinear` of the file's bytes, and its input embedding by a `BlockEmbedding` where the file's token_embd is
+    in such blocks; the names replaced. Every shape, the first layer's weights and rows of the embedding are checked
+    against the model's first (the file must be the one it was loaded from); a refused file changes nothing. Then the
+    layers are read from the file and swapped one at a time: the model's other dense weights are never read."""
     from gguf import GGUFReader
 
     reader = GGUFReader(str(gguf_file))
     tied = _tied(reader)
-    layers = {}
+    embedding = model.get_input_embeddings()
+    embedding_name = next(name for name, module in model.named_modules() if module is embedding)
+    plan: list[tuple[str, Any]] = []  # (module name, GGUF tensor), the embedding's name for token_embd
     for tensor in reader.tensors:
-        name = module_name(tensor.name, tied)
-        if name is None or tensor.tensor_type.name not in kernels.BLOCKS:
+        if tensor.tensor_type.name not in kernels.BLOCKS:
             continue
-        layer = model.get_submodule(name)
-        cols, rows = (int(n) for n in tensor.shape)
-        blocks = torch.from_numpy(np.array(tensor.data, dtype=np.uint8).reshape(rows, -1))
-        new = BlockLinear(blocks, tensor.tensor_type.name, cols, getattr(layer, "bias", None))
-        expected = linear_weight(layer).float()
-        if expected.shape != (rows, cols) or (name.startswith("model.layers.0.") and not torch.allclose(
-                new.dequantized(), expected, rtol=1 / 128, atol=1e-6)):
-            raise ValueError(f"{tensor.name} in {gguf_file} does not hold the weights of the model's {name}")
-        layers[name] = new
-    for name, new in layers.items():
-        parent, _, child = name.rpartition(".")
-        setattr(model.get_submodule(parent) if parent else model, child, new)
-    return list(layers)
+        names = [module_name(tensor.name, tied), embedding_name if tensor.name == "token_embd.weight" else None]
+        plan += [(name, tensor) for name in names if name is not None]
+    with open(gguf_file, "rb") as file:
+        read: dict[str, Tensor] = {}  # the same tensors as the new modules' buffers: a tied token_embd is read once
+
+        def blocks_of(tensor) -> Tensor:
+            if tensor.name not in read:
+                read[tensor.name] = _read_blocks(file, tensor)
+            return read[tensor.name]
+
+        checked = {}
+        for name, tensor in plan:
+            layer = model.get_submodule(name)
+            if not _fits(layer, tensor):
+                raise ValueError(f"{tensor.name} in {gguf_file} does not hold the weights of the model's {name}")
+            if name.startswith("model.layers.0.") or name == embedding_name:
+                checked[name] = _block_module(layer, blocks_of(tensor), tensor)
+                if not _same_values(layer, checked[name]):
+                    raise ValueError(f"{tensor.name} in {gguf_file} does not hold the weights of the model's {name}")
+        for name, tensor in plan:
+            new = checked.get(name)
+            if new is None:
+                new = _block_module(model.get_submodule(name), blocks_of(tensor), tensor)
+            parent, _, child = name.rpartition(".")
+            setattr(model.get_submodule(parent) if parent else model, child, new)
+    return [name for name, _ in plan]
+
+
+def _read_blocks(file, tensor) -> Tensor:
+    """A GGUF tensor's bytes, uint8 (rows, bytes per row), read from the file (no mapping of it stays resident)."""
+    rows = int(tensor.shape[-1]) if len(tensor.shape) > 1 else 1
+    blocks = torch.empty(rows, tensor.n_bytes // rows, dtype=torch.uint8)
+    file.seek(tensor.data_offset)
+    if file.readinto(blocks.numpy()) != tensor.n_bytes:
+        raise ValueError(f"{tensor.name} ends past the end of {file.name}")
+    return blocks
+
+
+def _fits(layer: nn.Module, tensor) -> bool:
+    """Whether a GGUF tensor has the shape of the model's layer (its weights are not read)."""
+    cols, rows = (int(n) for n in tensor.shape) if len(tensor.shape) == 2 else (0, 0)
+    if isinstance(layer, nn.Embedding):
+        return (layer.num_embeddings, layer.embedding_dim) == (rows, cols)
+    return (getattr(layer, "out_features", None), getattr(layer, "in_features", None)) == (rows, cols)
+
+
+def _block_module(layer: nn.Module, blocks: Tensor, tensor) -> BlockLinear | BlockEmbedding:
+    """The block layer of a GGUF tensor (its bytes read: `blocks`) in place of the model's `layer`, which it fits."""
+    cols, kind = int(tensor.shape[0]), tensor.tensor_type.name
+    if isinstance(layer, nn.Embedding):
+        return BlockEmbedding(blocks, kind, cols)
+    return BlockLinear(blocks, kind, cols, getattr(layer, "bias", None))
+
+
+SAMPLED_ROWS = 1024  # of an embedding, compared with the model's: all of them would widen the whole table once
+
+
+def _same_values(layer: nn.Module, new: BlockLinear | BlockEmbedding) -> bool:
+    """Whether a block layer holds the dense layer's weights (an embedding: rows spread over the vocabulary)."""
+    if isinstance(new, BlockEmbedding):
+        ids = torch.linspace(0, new.num_embeddings - 1, min(SAMPLED_ROWS, new.num_embeddings)).long()
+        got, expected = new(ids), layer(ids).float()
+    else:
+        got, expected = new.dequantized(), linear_weight(layer).float()
+    return torch.allclose(got, expected, rtol=1 / 128, atol=1e-6)

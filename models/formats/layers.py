@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TypeVar
 
-from torch import nn
+from torch import Tensor, nn
 
 Layer = TypeVar("Layer", bound=nn.Module)
 
@@ -36,3 +36,10 @@ def linear_weight(layer: nn.Module):
         if hasattr(layer, read):
             return getattr(layer, read)()
     raise TypeError(f"no weight can be read from a {type(layer).__name__}")
+
+
+def linear_rows(layer: nn.Module, ids: Tensor) -> Tensor:
+    """Rows `ids` of the (out, in) weight a linear layer multiplies by, as a plain tensor; a format that can read rows
+    alone (GGUF blocks) dequantizes only those."""
+    read = getattr(layer, "weight_rows", None)
+    return linear_weight(layer)[ids] if read is None else read(ids)

@@ -1,0 +1,128 @@
+// The torch op specchat::gguf_rows: rows of a GGUF tensor's blocks, dequantized to float32 (an embedding lookup: only
+// the rows asked are decoded). Plain scalar code; each value is computed as the format's reference dequantization
+// computes it (gguf-py's quants.dequantize, ggml's dequantize_row_*), in float32 with the same operations in order.
+#include <ATen/ATen.h>
+#include <c10/util/Half.h>
+#include <torch/library.h>
+
+#include <cstring>
+#include <vector>
+
+#include "blocks.h"
+
+namespace specchat {
+namespace {
+
+inline float half(const uint8_t* p) {
+  uint16_t bits;
+  std::memcpy(&bits, p, 2);
+  return static_cast<float>(c10::Half(bits, c10::Half::from_bits()));
+}
+
+// Q4_K: fp16 d and dmin, 12 bytes of 6-bit scales and mins for 8 groups of 32, 128 bytes of 4-bit codes (group 2j in
+// the low nibbles of bytes 32j..32j+31, group 2j+1 in their high nibbles); value = d * scale * code - dmin * min.
+void q4_k(const uint8_t* block, float* y) {
+  const float d = half(block), dmin = half(block + 2);
+  const uint8_t* packed = block + 4;
+  const uint8_t* codes = block + 16;
+  for (int g = 0; g < 8; ++g) {
+    const int scale = g < 4 ? packed[g] & 0x3F : (packed[g + 4] & 0x0F) | ((packed[g - 4] >> 6) << 4);
+    const int min = g < 4 ? packed[g + 4] & 0x3F : (packed[g + 4] >> 4) | ((packed[g] >> 6) << 4);
+    const float d_scale = d * static_cast<float>(scale), dmin_min = dmin * static_cast<float>(min);
+    const int shift = 4 * (g % 2);
+    for (int l = 0; l < 32; ++l) {
+      const int code = (codes[32 * (g / 2) + l] >> shift) & 0x0F;
+      y[32 * g + l] = d_scale * static_cast<float>(code) - dmin_min;
+    }
+  }
+}
+
+// Q6_K: 128 bytes of low 4 bits, 64 bytes of high 2 bits, 16 int8 scales (one per 16 values), fp16 d;
+// value = d * scale * (code - 32). In each half of 128 values, chunk c of 32 takes the low (c < 2) or high nibbles
+// of the low bytes 32 * (c % 2).. and bits 2c, 2c+1 of the high bytes.
+void q6_k(const uint8_t* block, float* y) {
+  const uint8_t* low = block;
+  const uint8_t* high = block + 128;
+  const int8_t* scale = reinterpret_cast<const int8_t*>(block + 192);
+  const float d = half(block + 208);
+  for (int h = 0; h < 2; ++h) {
+    for (int c = 0; c < 4; ++c) {
+      for (int l = 0; l < 32; ++l) {
+        const int position = 128 * h + 32 * c + l;
+        const int low_bits = (low[64 * h + 32 * (c % 2) + l] >> (4 * (c / 2))) & 0x0F;
+        const int high_bits = (high[32 * h + l] >> (2 * c)) & 0x03;
+        const int code = (low_bits | (high_bits << 4)) - 32;
+        y[position] = d * static_cast<float>(scale[position / 16]) * static_cast<float>(code);
+      }
+    }
+  }
+}
+
+// Q5_0: fp16 d, 32 high bits (value j's is bit j), 16 bytes of low 4 bits (value j < 16 in the low nibble of byte j,
+// value j >= 16 in the high nibble of byte j - 16); value = d * (code - 16).
+void q5_0(const uint8_t* block, float* y) {
+  const float d = half(block);
+  uint32_t high_bits;
+  std::memcpy(&high_bits, block + 2, 4);
+  const uint8_t* low = block + 6;
+  for (int j = 0; j < 32; ++j) {
+    const int low_bits = j < 16 ? low[j] & 0x0F : low[j - 16] >> 4;
+    const int code = (low_bits | static_cast<int>(((high_bits >> j) & 1) << 4)) - 16;
+    y[j] = d * static_cast<float>(code);
+  }
+}
+
+// Q8_0: fp16 d, 32 int8 codes; value = d * code.
+void q8_0(const uint8_t* block, float* y) {
+  const float d = half(block);
+  const int8_t* codes = reinterpret_cast<const int8_t*>(block + 2);
+  for (int j = 0; j < 32; ++j) y[j] = d * static_cast<float>(codes[j]);
+}
+
+void decode(int64_t type, const uint8_t* block, float* y) {
+  switch (type) {
+    case Q4_K: q4_k(block, y); break;
+    case Q6_K: q6_k(block, y); break;
+    case Q5_0: q5_0(block, y); break;
+    case Q8_0: q8_0(block, y); break;
+  }
+}
+
+// blocks: uint8 (rows, bytes per row); ids: int64 of any shape; float32 (*ids.shape, cols).
+at::Tensor gguf_rows(const at::Tensor& blocks, const at::Tensor& ids, int64_t type, int64_t cols) {
+  BlockFormat format;
+  TORCH_CHECK(block_format(type, &format), "specchat::gguf_rows: GGML type ", type, " is not supported");
+  TORCH_CHECK(blocks.device().is_cpu() && blocks.scalar_type() == at::kByte && blocks.dim() == 2 &&
+                  blocks.is_contiguous(), "specchat::gguf_rows: blocks must be contiguous uint8 (rows, row bytes)");
+  TORCH_CHECK(cols % format.weights == 0 && blocks.size(1) == cols / format.weights * format.bytes,
+              "specchat::gguf_rows: ", cols, " values do not fill the rows of ", blocks.size(1), " bytes");
+  TORCH_CHECK(ids.device().is_cpu() && !at::isFloatingType(ids.scalar_type()) && ids.scalar_type() != at::kBool,
+              "specchat::gguf_rows: ids must be an integer CPU tensor");
+  const at::Tensor index = ids.to(at::kLong).contiguous();
+  const int64_t* id = index.data_ptr<int64_t>();
+  const int64_t count = index.numel(), rows = blocks.size(0), row_bytes = blocks.size(1);
+  for (int64_t i = 0; i < count; ++i) {
+    TORCH_CHECK(id[i] >= 0 && id[i] < rows, "specchat::gguf_rows: index ", id[i], " is out of range for ", rows,
+                " rows");
+  }
+  std::vector<int64_t> shape(ids.sizes().begin(), ids.sizes().end());
+  shape.push_back(cols);
+  at::Tensor out = at::empty(shape, blocks.options().dtype(at::kFloat));
+  const uint8_t* data = blocks.data_ptr<uint8_t>();
+  float* y = out.data_ptr<float>();
+  const int64_t per_row = cols / format.weights;
+  for (int64_t i = 0; i < count; ++i) {  // a lookup is a few rows: one thread
+    const uint8_t* row = data + id[i] * row_bytes;
+    for (int64_t b = 0; b < per_row; ++b) decode(type, row + b * format.bytes, y + i * cols + b * format.weights);
+  }
+  return out;
+}
+
+}  // namespace
+}  // namespace specchat
+
+TORCH_LIBRARY_FRAGMENT(specchat, m) {
+  m.def("gguf_rows(Tensor blocks, Tensor ids, int ggml_type, int cols) -> Tensor");
+}
+
+TORCH_LIBRARY_IMPL(specchat, CPU, m) { m.impl("gguf_rows", &specchat::gguf_rows); }
