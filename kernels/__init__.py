@@ -28,6 +28,7 @@ def _loaded(cache_dir: Path | None = None) -> str | None:
         return "this CPU has no AVX2 and FMA"
     torch.library.register_fake("specchat::gguf_mm")(_fake_mm)
     torch.library.register_fake("specchat::gguf_rows")(_fake_rows)
+    torch.library.register_fake("specchat::row_attention")(_fake_attention)
     return None
 
 
@@ -37,6 +38,10 @@ def _fake_mm(x: Tensor, w: Tensor, ggml_type: int, out_features: int, bias: Tens
 
 def _fake_rows(blocks: Tensor, ids: Tensor, ggml_type: int, cols: int) -> Tensor:
     return blocks.new_empty(*ids.shape, cols, dtype=torch.float32)
+
+
+def _fake_attention(q: Tensor, k: Tensor, v: Tensor, seen: Tensor | None, scaling: float) -> Tensor:
+    return q.new_empty(q.shape[0], q.shape[2], q.shape[1], v.shape[3])
 
 
 def unavailable(cache_dir: Path | None = None) -> str | None:
@@ -69,12 +74,21 @@ def use(name: str = "") -> str:
     return str(torch.ops.specchat.gguf_use(name))
 
 
+def row_attention(q: Tensor, k: Tensor, v: Tensor, seen: Tensor | None, scaling: float) -> Tensor:
+    """Attention one query row at a time over the keys it sees, in order: q (B, H, Q, D), k and v (B, Hkv, K, D)
+    float32, `seen` None (causal, the rows being the last Q keys) or bool (B or 1, Q, K). (B, Q, H, Dv)."""
+    if (reason := unavailable()) is not None:
+        raise RuntimeError(f"the project's kernels cannot run here: {reason}")
+    return torch.ops.specchat.row_attention(q, k, v, seen, scaling)
+
+
 def matmul(x: Tensor, blocks: Tensor, block_type: str, out_features: int, bias: Tensor | None = None) -> Tensor:
     """x (rows, in) float32 times the weights (out_features, in) held as GGUF blocks: uint8 (out_features, bytes of
     one row); bias float32 or None. Float32 (rows, out_features)."""
     if (reason := unavailable()) is not None:
         raise RuntimeError(f"the GGUF block kernels cannot run here: {reason}")
     return torch.ops.specchat.gguf_mm(x, blocks, BLOCKS[block_type][0], out_features, bias)
+
 
 def rows(blocks: Tensor, ids: Tensor, block_type: str, cols: int) -> Tensor:
     """Rows `ids` (integers, any shape) of a tensor (rows, cols) held as GGUF blocks, uint8 (rows, bytes of one row),

@@ -23,7 +23,8 @@ SOURCES = Path(__file__).parent / "csrc"
 ABI = f"-D_GLIBCXX_USE_CXX11_ABI={int(torch._C._GLIBCXX_USE_CXX11_ABI)}"
 COMMON = ["-std=c++17", "-O3", "-fPIC", "-ffp-contract=off", ABI]  # no contraction: the float steps as written
 # each instruction set's kernels built with its own flags; the op (ops.cpp) picks one at run time
-UNITS = {"ops.cpp": ["-fopenmp"], "blocks_avx2.cpp": ["-mavx2", "-mfma", "-mf16c"],
+UNITS = {"ops.cpp": ["-fopenmp"], "attention.cpp": ["-fopenmp", "-mavx2", "-mfma"],
+         "blocks_avx2.cpp": ["-mavx2", "-mfma", "-mf16c"],
          "blocks_avx512.cpp": ["-mavx2", "-mfma", "-mf16c", "-mavx512f", "-mavx512bw", "-mavx512dq", "-mavx512vl",
                                "-mavx512vnni"],
          "rows.cpp": []}
