@@ -55,9 +55,15 @@ def test_a_packed_layer_copies_with_its_weights():
     assert type(unpack(model)[0]) is nn.Linear and torch.equal(model[0].weight, dense.weight)
 
 
-def test_only_float32_cpu_weights_are_packed():
+def test_only_float32_cpu_weights_are_packed_and_bfloat16_where_onednn_has_native_bf16():
     with pytest.raises(ValueError, match="float32 on a CPU"):
-        PackedLinear(nn.Linear(8, 8).to(torch.bfloat16))
+        PackedLinear(nn.Linear(8, 8).to(torch.float16))
+    bf16 = nn.Linear(8, 8).to(torch.bfloat16)
+    if available(torch.bfloat16):
+        assert torch.equal(PackedLinear(bf16).dense_weight(), bf16.weight)
+    else:
+        with pytest.raises(ValueError, match="float32 on a CPU"):
+            PackedLinear(bf16)
     model = nn.Sequential(nn.Linear(8, 8), nn.Linear(8, 8).to(torch.float64))
     assert prepack(model) == 1
     assert type(model[0]) is PackedLinear and type(model[1]) is nn.Linear
