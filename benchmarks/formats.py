@@ -27,7 +27,8 @@ from benchmarks.prompts import DEFAULT_PROMPTS
 from models.formats import blocks, q4k
 from models.formats.int4 import to_int4
 from models.formats.int8 import to_int8
-from models.formats.prepack import prepack
+from models.formats.prepack import available as prepack_available
+from models.formats.prepack import prepack, unpack
 from models.loading import load_model
 from models.presets import EMBEDDED, default_cache_dir
 from models.store import embedded_gguf
@@ -49,8 +50,11 @@ def text_ids(tokenizer) -> list[int]:
 
 
 def build(base, name: str):
-    model = copy.deepcopy(base)
-    if name.startswith("float32"):
+    # the loaded bfloat16 model is prepacked where oneDNN has native bf16: start from plain linears
+    model = unpack(copy.deepcopy(base))
+    if name == "bfloat16" and prepack_available(torch.bfloat16):
+        prepack(model)  # as the app runs a bfloat16 target here
+    elif name.startswith("float32"):
         model = model.float()
         if name == "float32-prepacked":
             prepack(model)
@@ -65,7 +69,7 @@ def build(base, name: str):
     elif name == "gguf":
         model = model.float()
         blocks.apply(model, embedded_gguf(EMBEDDED[TARGET], default_cache_dir()))
-    elif name != "bfloat16":
+    elif name not in FORMATS:
         raise SystemExit(f"unknown format {name!r}; choose from {', '.join(FORMATS)}")
     return model.eval()
 

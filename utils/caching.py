@@ -102,7 +102,7 @@ class CachedModel:
         if not self.keeps_hidden:
             raise ValueError("this model does not keep its hidden states: call keep_hidden() first")
         if self._hidden is None:
-            width = self.model.get_input_embeddings().weight.shape[1]
+            width = self.model.get_input_embeddings().embedding_dim
             return torch.empty(0, width, device=self.device)
         return self._hidden[: len(self.tokens)]
 
