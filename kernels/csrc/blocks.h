@@ -41,6 +41,7 @@ constexpr int64_t kUnitExtra = 128;  // 16 float scales and 16 int32 offsets aft
 
 struct Kernels {
   const char* name;
+  bool packed;  // reads Activations::packed (else q, d and s)
   // Whether these kernels take a weight of this type with k inputs.
   bool (*takes)(int64_t type, int64_t k);
   // Rows [row0, row0 + rows) of x (rows, k) float32 into `a` (whose pointers are cast back to writable), for a

@@ -270,7 +270,7 @@ bool takes(int64_t, int64_t) { return true; }
 
 }  // namespace
 
-const Kernels kernels = {"avx2", takes, quantize, matmul};
+const Kernels kernels = {"avx2", false, takes, quantize, matmul};
 
 }  // namespace avx2
 }  // namespace specchat

@@ -308,7 +308,7 @@ bool takes(int64_t type, int64_t k) { return k % order_of(type).unit == 0; }
 
 }  // namespace
 
-const Kernels kernels = {"avx512-vnni", takes, quantize, matmul};
+const Kernels kernels = {"avx512-vnni", true, takes, quantize, matmul};
 
 }  // namespace avx512
 }  // namespace specchat

@@ -84,10 +84,11 @@ at::Tensor gguf_mm(const at::Tensor& x, const at::Tensor& w, int64_t type, int64
   }
   const at::Tensor input = x.contiguous();
   const int64_t group = 32;  // one activation scale per 32 values, for every format (docs/kernels.md: accuracy)
-  at::Tensor q = at::empty({rows, k}, x.options().dtype(at::kChar));
-  at::Tensor d = at::empty({rows, k / group}, x.options());
-  at::Tensor s = at::empty({rows, k / 16}, x.options().dtype(at::kShort));
-  at::Tensor packed = at::empty({rows, 2 * k}, x.options().dtype(at::kChar));
+  const int64_t plain = kernels->packed ? 0 : rows;  // only what the chosen kernels read is allocated
+  at::Tensor q = at::empty({plain, k}, x.options().dtype(at::kChar));
+  at::Tensor d = at::empty({plain, k / group}, x.options());
+  at::Tensor s = at::empty({plain, k / 16}, x.options().dtype(at::kShort));
+  at::Tensor packed = at::empty({rows - plain, 2 * k}, x.options().dtype(at::kChar));
   const Activations a{q.data_ptr<int8_t>(), d.data_ptr<float>(), s.data_ptr<int16_t>(), packed.data_ptr<int8_t>(), k,
                       group, 2 * k};
   at::Tensor out = at::empty({rows, n_out}, x.options());
