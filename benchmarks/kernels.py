@@ -53,11 +53,16 @@ def target_linears(gguf: Path) -> list[tuple[torch.Tensor, str, int, int]]:
     return found
 
 
+def packed_linears(layers) -> list[tuple[torch.Tensor, int, int, int]]:
+    """(weights, type id, in, out) of each linear as the kernels in use read them (`kernels.pack`)."""
+    return [(*kernels.pack(raw, kind), cols, out) for raw, kind, cols, out in layers]
+
+
 def time_linears(layers, rows: int) -> float:
     inputs = {cols: torch.randn(rows, cols) for cols in {layer[2] for layer in layers}}
     start = time.perf_counter()
-    for raw, kind, cols, out in layers:
-        kernels.matmul(inputs[cols], raw, kind, out)
+    for weights, type_id, cols, out in layers:
+        torch.ops.specchat.gguf_mm(inputs[cols], weights, type_id, out, None)
     return time.perf_counter() - start
 
 
@@ -82,13 +87,11 @@ def llamacpp_ms_per_token(gguf: Path, threads: int) -> float | None:
     return timings.generate_seconds / (timings.generated - 1) * 1e3
 
 
-def step_models(float32: bool) -> dict[str, CachedModel]:
-    models = {}
-    for name in ("gguf", "none") if float32 else ("gguf",):
-        lm = CachedModel(load_model(TARGET, device="cpu", quantize=name, progress=False).model)
-        invariance.apply(lm, invariance.TargetPath("rowwise", 1))
-        models["gguf" if name == "gguf" else "float32-prepacked"] = lm
-    return models
+def step_model(quantize: str) -> CachedModel:
+    """The target as the app runs it (its weights packed for the kernels in use), attention row by row."""
+    lm = CachedModel(load_model(TARGET, device="cpu", quantize=quantize, progress=False).model)
+    invariance.apply(lm, invariance.TargetPath("rowwise", 1))
+    return lm
 
 
 def time_step(lm: CachedModel, context: list[int], new: list[int]) -> float:
@@ -115,26 +118,31 @@ def main(argv: list[str]) -> int:
     layers = target_linears(gguf)
     weight_bytes = sum(raw.numel() for raw, *_ in layers)
     buffer = torch.ones(weight_bytes // 4)
-    models = step_models(args.float32)
-    ids = torch.randint(0, 150000, (CONTEXT + max(ROWS),), generator=torch.Generator().manual_seed(0)).tolist()
     isas = kernels.isas()
-    runs = [(isa, name) for isa in isas for name in models if name == "gguf" or isa == isas[0]]
+    linears, models = {}, {}
+    for isa in isas:  # each instruction set reads its own layout of the weights
+        kernels.use(isa)
+        linears[isa], models[f"gguf, {isa}"] = packed_linears(layers), step_model("gguf")
+    kernels.use()
+    if args.float32:
+        models[f"float32-prepacked, {isas[0]}"] = step_model("none")
+    del layers
+    ids = torch.randint(0, 150000, (CONTEXT + max(ROWS),), generator=torch.Generator().manual_seed(0)).tolist()
     kernel_s: dict[str, dict[int, list[float]]] = {isa: {rows: [] for rows in ROWS} for isa in isas}
-    step_s: dict[str, dict[int, list[float]]] = {f"{name}, {isa}": {rows: [] for rows in ROWS} for isa, name in runs}
+    step_s: dict[str, dict[int, list[float]]] = {name: {rows: [] for rows in ROWS} for name in models}
     reads, llama = [], []
     threads = torch.get_num_threads()
-    time_linears(layers, 1)  # first-call allocations
+    time_linears(linears[isas[0]], 1)  # first-call allocations
     try:
         for _ in range(args.repeats):
             reads.append(streaming_read(buffer))
             for rows in ROWS:
                 for isa in isas:
                     kernels.use(isa)
-                    kernel_s[isa][rows].append(time_linears(layers, rows))
-                for isa, name in runs:
-                    kernels.use(isa)
-                    step_s[f"{name}, {isa}"][rows].append(time_step(models[name], ids[:CONTEXT],
-                                                                    ids[CONTEXT:CONTEXT + rows]))
+                    kernel_s[isa][rows].append(time_linears(linears[isa], rows))
+                for name, lm in models.items():
+                    kernels.use(name.rpartition(", ")[2])
+                    step_s[name][rows].append(time_step(lm, ids[:CONTEXT], ids[CONTEXT:CONTEXT + rows]))
             llama.append(llamacpp_ms_per_token(gguf, threads))
     finally:
         kernels.use()
@@ -143,10 +151,12 @@ def main(argv: list[str]) -> int:
     step_ms = {name: {rows: min(v) * 1e3 for rows, v in per.items()} for name, per in step_s.items()}
     llama_ms = min(llama) if None not in llama else None
     result = {"machine": {"cpu": _cpu_name(), "isas": isas, "threads": threads, "torch": torch.__version__},
-              "weight_bytes": weight_bytes, "read_gb_s": max(reads) / 1e9, "floor_ms": floor_ms,
+              "weight_bytes": weight_bytes,
+              "packed_bytes": {isa: sum(weights.numel() for weights, *_ in per) for isa, per in linears.items()},
+              "read_gb_s": max(reads) / 1e9, "floor_ms": floor_ms,
               "kernel_ms": kernel_ms, "step_ms": step_ms, "llamacpp_ms_per_token": llama_ms}
-    print(f"{len(layers)} linears, {weight_bytes / 1e9:.3f} GB; streaming read {max(reads) / 1e9:.1f} GB/s: floor "
-          f"{floor_ms:.1f} ms; {_cpu_name()}, {threads} threads")
+    print(f"{len(linears[isas[0]])} linears, {weight_bytes / 1e9:.3f} GB in the file; streaming read "
+          f"{max(reads) / 1e9:.1f} GB/s: floor {floor_ms:.1f} ms; {_cpu_name()}, {threads} threads")
     print("| rows | " + " | ".join(str(r) for r in ROWS) + " |\n|---|" + "---|" * len(ROWS))
     for isa, per in kernel_ms.items():
         print(f"| linears, {isa}, ms | " + " | ".join(f"{per[r]:.0f}" for r in ROWS) + " |")

@@ -15,6 +15,7 @@ from kernels.build import BuildError, build
 
 # GGML type id -> (weights, bytes) per block, as csrc/blocks.h reads them
 BLOCKS = {"Q5_0": (6, 32, 22), "Q8_0": (8, 32, 34), "Q4_K": (12, 256, 144), "Q6_K": (14, 256, 210)}
+BLOCK_BYTES = {type_id: size for type_id, _, size in BLOCKS.values()}
 
 
 @cache
@@ -28,12 +29,27 @@ def _loaded(cache_dir: Path | None = None) -> str | None:
         return "this CPU has no AVX2 and FMA"
     torch.library.register_fake("specchat::gguf_mm")(_fake_mm)
     torch.library.register_fake("specchat::gguf_rows")(_fake_rows)
+    torch.library.register_fake("specchat::gguf_pack")(_fake_pack)
+    torch.library.register_fake("specchat::gguf_unpack")(_fake_unpack)
     torch.library.register_fake("specchat::row_attention")(_fake_attention)
     return None
 
 
+# The K-quant layouts the AVX-512 kernels read (csrc/lanes.h): (weights, bytes) per block, by type id
+PACKED = {268: (256, 148), 270: (256, 210)}
+
+
 def _fake_mm(x: Tensor, w: Tensor, ggml_type: int, out_features: int, bias: Tensor | None = None) -> Tensor:
     return x.new_empty(x.shape[0], out_features)
+
+
+def _fake_pack(w: Tensor, ggml_type: int) -> Tensor:
+    _, size = PACKED[int(torch.ops.specchat.gguf_layout(ggml_type))]
+    return w.new_empty(w.shape[0], w.shape[1] // BLOCK_BYTES[ggml_type] * size)
+
+
+def _fake_unpack(w: Tensor, ggml_type: int) -> Tensor:
+    return w.new_empty(w.shape[0], w.shape[1] // PACKED[ggml_type][1] * BLOCK_BYTES[ggml_type - 256])
 
 
 def _fake_rows(blocks: Tensor, ids: Tensor, ggml_type: int, cols: int) -> Tensor:
@@ -82,12 +98,27 @@ def row_attention(q: Tensor, k: Tensor, v: Tensor, seen: Tensor | None, scaling:
     return torch.ops.specchat.row_attention(q, k, v, seen, scaling)
 
 
-def matmul(x: Tensor, blocks: Tensor, block_type: str, out_features: int, bias: Tensor | None = None) -> Tensor:
-    """x (rows, in) float32 times the weights (out_features, in) held as GGUF blocks: uint8 (out_features, bytes of
-    one row); bias float32 or None. Float32 (rows, out_features)."""
+def pack(blocks: Tensor, block_type: str) -> tuple[Tensor, int]:
+    """A GGUF tensor's blocks, uint8 (rows, bytes of one row), as the kernels in use read them best, and the type id
+    to run them with: the AVX-512 kernels read Q4_K and Q6_K rearranged (the same values; `unpack` gives the file's
+    bytes back), every other case the file's own blocks (not copied)."""
     if (reason := unavailable()) is not None:
         raise RuntimeError(f"the GGUF block kernels cannot run here: {reason}")
-    return torch.ops.specchat.gguf_mm(x, blocks, BLOCKS[block_type][0], out_features, bias)
+    type_id = BLOCKS[block_type][0]
+    layout = int(torch.ops.specchat.gguf_layout(type_id))
+    return (blocks, type_id) if layout == type_id else (torch.ops.specchat.gguf_pack(blocks, type_id), layout)
+
+
+def unpack(weights: Tensor, type_id: int) -> Tensor:
+    """The file's blocks of weights that `pack` returned with `type_id` (the same tensor where it did not pack)."""
+    return torch.ops.specchat.gguf_unpack(weights, type_id) if type_id in PACKED else weights
+
+
+def matmul(x: Tensor, blocks: Tensor, block_type: str, out_features: int, bias: Tensor | None = None) -> Tensor:
+    """x (rows, in) float32 times the weights (out_features, in) held as GGUF blocks: uint8 (out_features, bytes of
+    one row), packed first as the kernels in use read them; bias float32 or None. Float32 (rows, out_features)."""
+    weights, type_id = pack(blocks, block_type)
+    return torch.ops.specchat.gguf_mm(x, weights, type_id, out_features, bias)
 
 
 def rows(blocks: Tensor, ids: Tensor, block_type: str, cols: int) -> Tensor:

@@ -91,6 +91,29 @@ def test_a_row_has_the_same_bits_whatever_the_rows_beside_it_and_the_threads(isa
     assert torch.equal(single, alone)
 
 
+@pytest.mark.parametrize("block_type", list(kernels.BLOCKS))
+def test_packing_keeps_every_bit_and_lookups_read_the_packed_rows(isa, block_type):
+    raw = torch.from_numpy(random_blocks(block_type, 7, 512, seed=7))
+    packed, type_id = kernels.pack(raw, block_type)
+    repacks = isa == "avx512-vnni" and block_type in ("Q4_K", "Q6_K")
+    assert (type_id in kernels.PACKED) == repacks and (packed is raw) != repacks
+    assert torch.equal(kernels.unpack(packed, type_id), raw)
+    ids = torch.tensor([[6, 0], [3, 3]])
+    assert torch.equal(torch.ops.specchat.gguf_rows(packed, ids, type_id, 512),
+                       torch.from_numpy(dequantized(raw.numpy(), block_type, 512)).float()[ids])
+
+
+@pytest.mark.skipif("avx512-vnni" not in kernels.isas(), reason="the CPU runs no AVX-512 VNNI")
+def test_weights_packed_for_one_instruction_set_are_refused_by_another_with_the_reason():
+    packed, type_id = kernels.pack(torch.from_numpy(random_blocks("Q4_K", 4, 256)), "Q4_K")
+    try:
+        kernels.use("avx2")
+        with pytest.raises(RuntimeError, match="packed for the avx512-vnni kernels"):
+            torch.ops.specchat.gguf_mm(torch.randn(1, 256), packed, type_id, 4, None)
+    finally:
+        kernels.use()
+
+
 def test_inputs_that_do_not_fit_the_blocks_are_refused_with_the_reason():
     raw = torch.from_numpy(random_blocks("Q8_0", 4, 64))
     with pytest.raises(RuntimeError, match="do not fill the rows"):

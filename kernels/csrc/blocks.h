@@ -5,8 +5,8 @@
 
 namespace specchat {
 
-// GGML's type ids, as the GGUF file names them.
-enum BlockType : int64_t { Q5_0 = 6, Q8_0 = 8, Q4_K = 12, Q6_K = 14 };
+// GGML's type ids, as the GGUF file names them; and the K-quant layouts the AVX-512 kernels read (lanes.h).
+enum BlockType : int64_t { Q5_0 = 6, Q8_0 = 8, Q4_K = 12, Q6_K = 14, Q4_K_LANES = 256 + Q4_K, Q6_K_LANES = 256 + Q6_K };
 
 struct BlockFormat {
   int64_t weights;  // per block
@@ -19,6 +19,8 @@ inline bool block_format(int64_t type, BlockFormat* format) {
     case Q8_0: *format = {32, 34}; return true;
     case Q4_K: *format = {256, 144}; return true;
     case Q6_K: *format = {256, 210}; return true;
+    case Q4_K_LANES: *format = {256, 148}; return true;
+    case Q6_K_LANES: *format = {256, 210}; return true;
     default: return false;
   }
 }
@@ -44,6 +46,8 @@ struct Kernels {
   bool packed;  // reads Activations::packed (else q, d and s)
   // Whether these kernels take a weight of this type with k inputs.
   bool (*takes)(int64_t type, int64_t k);
+  // The type these kernels read a file type's weights in best (the type itself, or its packed layout).
+  int64_t (*layout)(int64_t type);
   // Rows [row0, row0 + rows) of x (rows, k) float32 into `a` (whose pointers are cast back to writable), for a
   // weight of this type.
   void (*quantize)(int64_t type, const float* x, int64_t row0, int64_t rows, const Activations& a);

@@ -6,6 +6,7 @@
 #include <cstring>
 
 #include "blocks.h"
+#include "lanes.h"
 
 namespace specchat {
 namespace avx2 {
@@ -266,11 +267,12 @@ void matmul(int64_t type, const uint8_t* w, int64_t row_bytes, const Activations
   }
 }
 
-bool takes(int64_t, int64_t) { return true; }
+bool takes(int64_t type, int64_t) { return !is_packed(type); }
+int64_t layout(int64_t type) { return type; }
 
 }  // namespace
 
-const Kernels kernels = {"avx2", false, takes, quantize, matmul};
+const Kernels kernels = {"avx2", false, takes, layout, quantize, matmul};
 
 }  // namespace avx2
 }  // namespace specchat

@@ -1,6 +1,7 @@
 // AVX-512 (F, BW, DQ, VL) + VNNI kernels. The weights of a unit (256 for the K-quants, four blocks = 128 for Q5_0 and
-// Q8_0) are rearranged in registers into 64-byte vectors whose int32 lanes each belong to one scale group, and the
-// activations are stored in the matching order when they are rounded: `vpdpbusd` then sums a lane's products over
+// Q8_0) come as 64-byte vectors whose int32 lanes each belong to one scale group (the K-quants packed so at load,
+// lanes.h; Q5_0 and Q8_0 rearranged in registers), and the activations are stored in the matching order when they
+// are rounded: `vpdpbusd` then sums a lane's products over
 // the whole unit in int32, and a row pays one conversion and two float steps per unit instead of one per group.
 // Every row runs the same instructions in the same order whatever the number of rows and the thread: a row's result
 // has the same bits in a verify as in a one-token step.
@@ -10,12 +11,11 @@
 #include <vector>
 
 #include "blocks.h"
+#include "lanes.h"
 
 namespace specchat {
 namespace avx512 {
 namespace {
-
-constexpr int kLanes = 16;  // int32 lanes per vector, and per unit
 
 inline float half(const uint8_t* p) {
   uint16_t h;
@@ -30,53 +30,17 @@ inline void prefetch(const uint8_t* p, int64_t bytes) {
   for (int64_t line = 0; line < bytes; line += 64) _mm_prefetch(reinterpret_cast<const char*>(p + ahead + line), _MM_HINT_T0);
 }
 
-// Where each byte of a unit's vectors comes from: byte p = 64 t + 4 lane + e of the rearranged unit is the unit's
-// weight (and activation) element[p]; group[lane] is the activation scale group (of 32) the lane's elements are in.
-struct Order {
-  int64_t unit = 0, vectors = 0;
-  int16_t element[256] = {};
-  int16_t group[kLanes] = {};
-};
-
-Order make_order(int64_t type) {
-  Order order;
-  const bool k_quant = type == Q4_K || type == Q6_K;
-  order.unit = k_quant ? 256 : 128;
-  order.vectors = order.unit / 64;
-  for (int t = 0; t < order.vectors; ++t) {
-    for (int lane = 0; lane < kLanes; ++lane) {
-      for (int e = 0; e < 4; ++e) {
-        int element;
-        if (type == Q4_K) {  // 128-bit lane j: 8 bytes of chunk j's low nibbles (group 2j), then its high (2j + 1)
-          const int j = lane / 4, h = lane / 2 % 2, w = lane % 2;
-          element = 32 * (2 * j + h) + 8 * t + 4 * w + e;
-        } else if (type == Q6_K) {  // a 4x4 transpose of dwords per 128-bit lane: lane 4m + i is sub-block 4i + m
-          const int m = lane / 4, i = lane % 4;
-          element = 16 * (4 * i + m) + 4 * t + e;
-        } else {  // Q5_0, Q8_0: 128-bit lane m is 16 codes of block m, the first half in vector 0, the second in 1
-          element = 32 * (lane / 4) + 16 * t + 4 * (lane % 4) + e;
-        }
-        order.element[64 * t + 4 * lane + e] = static_cast<int16_t>(element);
-        order.group[lane] = static_cast<int16_t>(element / 32);
-      }
-    }
-  }
-  return order;
-}
-
-const Order& order_of(int64_t type) {
-  static const Order q4_k = make_order(Q4_K), q6_k = make_order(Q6_K), q8 = make_order(Q8_0);
-  return type == Q4_K ? q4_k : type == Q6_K ? q6_k : q8;
-}
-
 // What the integer sum of a lane starts from: minus the codes' offset times the lane's activations (Q6_K's 32,
 // Q5_0's 16, Q8_0's 128 from its codes stored plus 128 as unsigned bytes); Q4_K's mins are scaled by the block.
-int offset_of(int64_t type) { return type == Q6_K ? 32 : type == Q5_0 ? 16 : type == Q8_0 ? 128 : 0; }
+int offset_of(int64_t type) {
+  type = file_type(type);
+  return type == Q6_K ? 32 : type == Q5_0 ? 16 : type == Q8_0 ? 128 : 0;
+}
 
 // Per row: per 32 values one scale (max |x| / 127) and int8 values; per unit the values in the type's order, then per
 // lane the group's scale and the lane's offset (the int32 start of its sum, or for Q4_K the float sum of its values).
 void quantize(int64_t type, const float* x, int64_t row0, int64_t rows, const Activations& a) {
-  const Order& order = order_of(type);
+  const LaneOrder& order = lane_order(type);
   const int64_t groups = a.k / 32, units = a.k / order.unit;
   const int offset = offset_of(type);
   std::vector<int8_t> natural(static_cast<size_t>(a.k));
@@ -108,7 +72,7 @@ void quantize(int64_t type, const float* x, int64_t row0, int64_t rows, const Ac
         for (int64_t t = 0; t < order.vectors; ++t)
           for (int e = 0; e < 4; ++e) sum += out[64 * t + 4 * lane + e];
         lane_scale[lane] = scale[u * order.unit / 32 + order.group[lane]];
-        if (type == Q4_K) {
+        if (file_type(type) == Q4_K) {
           const float as_float = static_cast<float>(sum);
           std::memcpy(&lane_offset[lane], &as_float, 4);
         } else {
@@ -127,14 +91,11 @@ void row_starts(const Activations& a, int64_t row0, const int8_t* (&rows)[R]) {
   for (int r = 0; r < R; ++r) rows[r] = a.packed + (row0 + r) * a.row_stride;
 }
 
-// Q4_K: 256 weights, fp16 d and dmin, 12 bytes of 6-bit scales and mins for 8 groups of 32, 128 bytes of 4-bit codes;
-// weight = d * scale * code - dmin * min. Lanes 2g and 2g + 1 are group g.
+// Q4_K_LANES (lanes.h): weight = d * scale * code - dmin * min. Lanes 2g and 2g + 1 are group g.
 template <int R>
 void q4_k(const uint8_t* w, const Activations& a, int64_t row0, float* result) {
-  alignas(64) static const int64_t pick[4][8] = {{0, 0, 4, 4, 8, 8, 12, 12}, {1, 1, 5, 5, 9, 9, 13, 13},
-                                                  {2, 2, 6, 6, 10, 10, 14, 14}, {3, 3, 7, 7, 11, 11, 15, 15}};
   const int64_t units = a.k / 256;
-  const __m512i nibble = _mm512_set1_epi8(0x0F), shift = _mm512_set_epi64(4, 0, 4, 0, 4, 0, 4, 0);
+  const __m512i nibble = _mm512_set1_epi8(0x0F);
   const __m128i pairs = _mm_setr_epi8(0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7);
   const __m128i min_pairs = _mm_setr_epi8(8, 8, 9, 9, 10, 10, 11, 11, 12, 12, 13, 13, 14, 14, 15, 15);
   __m512 acc[R];
@@ -142,24 +103,19 @@ void q4_k(const uint8_t* w, const Activations& a, int64_t row0, float* result) {
   const int8_t* rows[R];
   row_starts<R>(a, row0, rows);
   for (int64_t u = 0; u < units; ++u) {
-    const uint8_t* block = w + u * 144;
-    prefetch(block, 144);
-    uint32_t s[3];
-    std::memcpy(s, block + 4, 12);  // 6-bit scales and mins of the 8 groups, packed
-    const uint32_t scale_low = s[0] & 0x3F3F3F3F, min_low = s[1] & 0x3F3F3F3F;
-    const uint32_t scale_high = (s[2] & 0x0F0F0F0F) | (((s[0] >> 6) & 0x03030303) << 4);
-    const uint32_t min_high = ((s[2] >> 4) & 0x0F0F0F0F) | (((s[1] >> 6) & 0x03030303) << 4);
-    const __m128i bytes = _mm_setr_epi32(static_cast<int>(scale_low), static_cast<int>(scale_high),
-                                         static_cast<int>(min_low), static_cast<int>(min_high));
-    const __m512 scales = _mm512_mul_ps(_mm512_set1_ps(half(block)),
+    const uint8_t* block = w + u * 148;
+    prefetch(block, 148);
+    const __m128i bytes = _mm_loadu_si128(reinterpret_cast<const __m128i*>(block + 128));
+    int32_t d_dmin;
+    std::memcpy(&d_dmin, block + 144, 4);
+    const __m128 d = _mm_cvtph_ps(_mm_cvtsi32_si128(d_dmin));
+    const __m512 scales = _mm512_mul_ps(_mm512_broadcastss_ps(d),
                                         _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_shuffle_epi8(bytes, pairs))));
-    const __m512 mins = _mm512_mul_ps(_mm512_set1_ps(half(block + 2)),
+    const __m512 mins = _mm512_mul_ps(_mm512_broadcastss_ps(_mm_movehdup_ps(d)),
                                       _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_shuffle_epi8(bytes, min_pairs))));
-    const __m512i first = load(block + 16), second = load(block + 80);
-    __m512i codes[4];
-    for (int t = 0; t < 4; ++t)
-      codes[t] = _mm512_and_si512(
-          _mm512_srlv_epi64(_mm512_permutex2var_epi64(first, _mm512_load_si512(pick[t]), second), shift), nibble);
+    const __m512i first = load(block), second = load(block + 64);
+    const __m512i codes[4] = {_mm512_and_si512(first, nibble), _mm512_and_si512(_mm512_srli_epi16(first, 4), nibble),
+                              _mm512_and_si512(second, nibble), _mm512_and_si512(_mm512_srli_epi16(second, 4), nibble)};
     const int64_t at = u * (256 + kUnitExtra);
     __m512i dot[R];
     for (int r = 0; r < R; ++r) dot[r] = _mm512_dpbusd_epi32(_mm512_setzero_si512(), codes[0], load(rows[r] + at));
@@ -175,15 +131,11 @@ void q4_k(const uint8_t* w, const Activations& a, int64_t row0, float* result) {
   for (int r = 0; r < R; ++r) result[r] = _mm512_reduce_add_ps(acc[r]);
 }
 
-// Q6_K: 256 weights, 128 bytes of low 4 bits, 64 bytes of high 2 bits, 16 int8 scales (one per 16), fp16 d;
-// weight = d * scale * (code - 32). Lane 4m + i is sub-block 4i + m.
+// Q6_K_LANES (lanes.h): weight = d * scale * (code - 32). Lane 4m + i is sub-block 4i + m.
 template <int R>
 void q6_k(const uint8_t* w, const Activations& a, int64_t row0, float* result) {
   const int64_t units = a.k / 256;
-  const __m512i nibble = _mm512_set1_epi8(0x0F), pair = _mm512_set1_epi8(0x03);
-  const __m512i shift_first = _mm512_set_epi64(2, 2, 2, 2, 0, 0, 0, 0);
-  const __m512i shift_second = _mm512_set_epi64(6, 6, 6, 6, 4, 4, 4, 4);
-  const __m128i lane_block = _mm_setr_epi8(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
+  const __m512i nibble = _mm512_set1_epi8(0x0F), high_pair = _mm512_set1_epi8(0x30);
   __m512 acc[R];
   for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_ps();
   const int8_t* rows[R];
@@ -191,23 +143,17 @@ void q6_k(const uint8_t* w, const Activations& a, int64_t row0, float* result) {
   for (int64_t u = 0; u < units; ++u) {
     const uint8_t* block = w + u * 210;
     prefetch(block, 210);
-    const __m128i scale_bytes = _mm_shuffle_epi8(_mm_loadu_si128(reinterpret_cast<const __m128i*>(block + 192)), lane_block);
+    const __m128i scale_bytes = _mm_loadu_si128(reinterpret_cast<const __m128i*>(block + 192));
     const __m512 scales = _mm512_mul_ps(_mm512_set1_ps(half(block + 208)),
                                         _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(scale_bytes)));
-    __m512i natural[4];  // 64 codes each, in the block's order
-    for (int h = 0; h < 2; ++h) {
-      const __m512i low = load(block + 64 * h);
-      const __m512i high = _mm512_broadcast_i64x4(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(block + 128 + 32 * h)));
-      natural[2 * h] = _mm512_or_si512(_mm512_and_si512(low, nibble),
-                                       _mm512_slli_epi16(_mm512_and_si512(_mm512_srlv_epi64(high, shift_first), pair), 4));
-      natural[2 * h + 1] = _mm512_or_si512(
-          _mm512_and_si512(_mm512_srli_epi16(low, 4), nibble),
-          _mm512_slli_epi16(_mm512_and_si512(_mm512_srlv_epi64(high, shift_second), pair), 4));
-    }
-    const __m512i t0 = _mm512_unpacklo_epi32(natural[0], natural[1]), t1 = _mm512_unpackhi_epi32(natural[0], natural[1]);
-    const __m512i t2 = _mm512_unpacklo_epi32(natural[2], natural[3]), t3 = _mm512_unpackhi_epi32(natural[2], natural[3]);
-    const __m512i codes[4] = {_mm512_unpacklo_epi64(t0, t2), _mm512_unpackhi_epi64(t0, t2),
-                              _mm512_unpacklo_epi64(t1, t3), _mm512_unpackhi_epi64(t1, t3)};
+    const __m512i first = load(block), second = load(block + 64), high = load(block + 128);
+    const __m512i codes[4] = {
+        _mm512_or_si512(_mm512_and_si512(first, nibble), _mm512_and_si512(_mm512_slli_epi16(high, 4), high_pair)),
+        _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(first, 4), nibble),
+                        _mm512_and_si512(_mm512_slli_epi16(high, 2), high_pair)),
+        _mm512_or_si512(_mm512_and_si512(second, nibble), _mm512_and_si512(high, high_pair)),
+        _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(second, 4), nibble),
+                        _mm512_and_si512(_mm512_srli_epi16(high, 2), high_pair))};
     const int64_t at = u * (256 + kUnitExtra);
     __m512i dot[R];
     for (int r = 0; r < R; ++r) dot[r] = load(rows[r] + at + 256 + 64);
@@ -273,8 +219,8 @@ void small_blocks(const uint8_t* w, const Activations& a, int64_t row0, float* r
 template <int R>
 void rows(int64_t type, const uint8_t* w, const Activations& a, int64_t row0, float* result) {
   switch (type) {
-    case Q4_K: q4_k<R>(w, a, row0, result); break;
-    case Q6_K: q6_k<R>(w, a, row0, result); break;
+    case Q4_K_LANES: q4_k<R>(w, a, row0, result); break;
+    case Q6_K_LANES: q6_k<R>(w, a, row0, result); break;
     case Q8_0: small_blocks<R, true>(w, a, row0, result); break;
     case Q5_0: small_blocks<R, false>(w, a, row0, result); break;
   }
@@ -304,11 +250,17 @@ void matmul(int64_t type, const uint8_t* w, int64_t row_bytes, const Activations
   }
 }
 
-bool takes(int64_t type, int64_t k) { return k % order_of(type).unit == 0; }
+// The file's K-quants are read packed (their file layout goes to the AVX2 kernels); Q5_0 and Q8_0 as the file has
+// them, in whole units of 128.
+bool takes(int64_t type, int64_t k) {
+  return type == Q4_K_LANES || type == Q6_K_LANES || ((type == Q5_0 || type == Q8_0) && k % 128 == 0);
+}
+
+int64_t layout(int64_t type) { return type == Q4_K ? Q4_K_LANES : type == Q6_K ? Q6_K_LANES : type; }
 
 }  // namespace
 
-const Kernels kernels = {"avx512-vnni", true, takes, quantize, matmul};
+const Kernels kernels = {"avx512-vnni", true, takes, layout, quantize, matmul};
 
 }  // namespace avx512
 }  // namespace specchat

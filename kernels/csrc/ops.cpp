@@ -11,6 +11,7 @@
 #include <c10/util/StringUtil.h>
 
 #include "blocks.h"
+#include "lanes.h"
 
 namespace specchat {
 namespace {
@@ -65,6 +66,8 @@ at::Tensor gguf_mm(const at::Tensor& x, const at::Tensor& w, int64_t type, int64
   const Kernels* kernels = chosen().load();
   TORCH_CHECK(kernels, "specchat::gguf_mm needs a CPU with AVX2 and FMA");
   if (!kernels->takes(type, x.size(1))) kernels = &avx2::kernels;
+  TORCH_CHECK(kernels->takes(type, x.size(1)), "specchat::gguf_mm: these weights were packed for the ",
+              avx512::kernels.name, " kernels and the ", chosen().load()->name, " ones run now: pack them again");
   BlockFormat format;
   TORCH_CHECK(block_format(type, &format), "specchat::gguf_mm: GGML type ", type, " is not supported");
   TORCH_CHECK(x.device().is_cpu() && x.scalar_type() == at::kFloat && x.dim() == 2,
@@ -105,6 +108,43 @@ at::Tensor gguf_mm(const at::Tensor& x, const at::Tensor& w, int64_t type, int64
   return out;
 }
 
+// The type the kernels in use read a file type's weights in: the type itself, or its packed layout (lanes.h).
+int64_t gguf_layout(int64_t type) {
+  const Kernels* kernels = chosen().load();
+  return kernels ? kernels->layout(type) : type;
+}
+
+// w's rows (uint8, rows x bytes) from one layout to another, each row a whole number of blocks.
+at::Tensor convert(const at::Tensor& w, int64_t from, int64_t to, void (*rearrange)(int64_t, const uint8_t*, uint8_t*,
+                                                                                       int64_t)) {
+  BlockFormat in, out;
+  TORCH_CHECK(block_format(from, &in) && block_format(to, &out), "specchat: GGML type ", from, " is not supported");
+  TORCH_CHECK(w.device().is_cpu() && w.scalar_type() == at::kByte && w.dim() == 2 && w.size(1) % in.bytes == 0,
+              "specchat: blocks must be uint8 (rows, whole blocks of ", in.bytes, " bytes)");
+  const at::Tensor source = w.contiguous();
+  const int64_t per_row = w.size(1) / in.bytes;
+  at::Tensor result = at::empty({w.size(0), per_row * out.bytes}, w.options());
+  const uint8_t* src = source.data_ptr<uint8_t>();
+  uint8_t* dst = result.data_ptr<uint8_t>();
+  at::parallel_for(0, w.size(0), 64, [&](int64_t r0, int64_t r1) {
+    rearrange(from, src + r0 * w.size(1), dst + r0 * per_row * out.bytes,
+              (r1 - r0) * per_row);
+  });
+  return result;
+}
+
+// A file type's blocks in the layout the kernels in use read (gguf_layout), and back.
+at::Tensor gguf_pack(const at::Tensor& w, int64_t type) {
+  const int64_t to = gguf_layout(type);
+  if (to == type) return w.clone();  // an op does not return its input
+  return convert(w, type, to, pack_blocks);
+}
+
+at::Tensor gguf_unpack(const at::Tensor& w, int64_t type) {
+  if (!is_packed(type)) return w.clone();
+  return convert(w, type, file_type(type), unpack_blocks);
+}
+
 }  // namespace
 }  // namespace specchat
 
@@ -113,6 +153,13 @@ TORCH_LIBRARY(specchat, m) {
   m.def("gguf_isa() -> str", &specchat::gguf_isa);
   m.def("gguf_isas() -> str[]", &specchat::gguf_isas);
   m.def("gguf_use(str isa) -> str", &specchat::gguf_use);
+  m.def("gguf_layout(int ggml_type) -> int", &specchat::gguf_layout);
+  m.def("gguf_pack(Tensor w, int ggml_type) -> Tensor");
+  m.def("gguf_unpack(Tensor w, int ggml_type) -> Tensor");
 }
 
-TORCH_LIBRARY_IMPL(specchat, CPU, m) { m.impl("gguf_mm", &specchat::gguf_mm); }
+TORCH_LIBRARY_IMPL(specchat, CPU, m) {
+  m.impl("gguf_mm", &specchat::gguf_mm);
+  m.impl("gguf_pack", &specchat::gguf_pack);
+  m.impl("gguf_unpack", &specchat::gguf_unpack);
+}

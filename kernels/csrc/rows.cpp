@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "blocks.h"
+#include "lanes.h"
 
 namespace specchat {
 namespace {
@@ -110,10 +111,17 @@ at::Tensor gguf_rows(const at::Tensor& blocks, const at::Tensor& ids, int64_t ty
   at::Tensor out = at::empty(shape, blocks.options().dtype(at::kFloat));
   const uint8_t* data = blocks.data_ptr<uint8_t>();
   float* y = out.data_ptr<float>();
-  const int64_t per_row = cols / format.weights;
+  const int64_t per_row = cols / format.weights, file = file_type(type);
+  BlockFormat file_format;
+  block_format(file, &file_format);
+  std::vector<uint8_t> unpacked(is_packed(type) ? static_cast<size_t>(per_row * file_format.bytes) : 0);
   for (int64_t i = 0; i < count; ++i) {  // a lookup is a few rows: one thread
     const uint8_t* row = data + id[i] * row_bytes;
-    for (int64_t b = 0; b < per_row; ++b) decode(type, row + b * format.bytes, y + i * cols + b * format.weights);
+    if (is_packed(type)) {  // the file's bytes back first
+      unpack_blocks(type, row, unpacked.data(), per_row);
+      row = unpacked.data();
+    }
+    for (int64_t b = 0; b < per_row; ++b) decode(file, row + b * file_format.bytes, y + i * cols + b * format.weights);
   }
   return out;
 }

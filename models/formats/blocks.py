@@ -28,16 +28,19 @@ MODULES = {"attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj", "attn_v":
 
 
 class BlockLinear(nn.Module):
-    """A linear layer holding one GGUF tensor's blocks, uint8 (out_features, bytes per row); float32 in the kernel,
-    the output in the input's dtype."""
+    """A linear layer holding one GGUF tensor's blocks, uint8 (out_features, bytes per row), as the kernels in use
+    read them (`kernels.pack`: the same values); float32 in the kernel, the output in the input's dtype."""
 
     blocks: Tensor  # buffer
 
-    def __init__(self, blocks: Tensor, block_type: str, in_features: int, bias: Tensor | None):
+    def __init__(self, blocks: Tensor, block_type: str, in_features: int, bias: Tensor | None,
+                 packed: int | None = None):
+        """`blocks` as the file holds them, or already packed with type id `packed` (`kernels.pack`)."""
         super().__init__()
-        self.block_type, self.type_id = block_type, _type_id(blocks, block_type, in_features)
+        self.block_type = block_type
         self.out_features, self.in_features = blocks.shape[0], in_features
-        self.register_buffer("blocks", blocks.contiguous())
+        packed_blocks, self.type_id = _packed(blocks, block_type, in_features, packed)
+        self.register_buffer("blocks", packed_blocks)
         self.bias = None if bias is None else nn.Parameter(bias.detach().float().contiguous(), requires_grad=False)
 
     def forward(self, x: Tensor) -> Tensor:
@@ -49,7 +52,8 @@ class BlockLinear(nn.Module):
         """The weights the kernel multiplies by, (out, in) float32."""
         from gguf import GGMLQuantizationType, quants
 
-        values = quants.dequantize(self.blocks.numpy(), GGMLQuantizationType[self.block_type])
+        values = quants.dequantize(kernels.unpack(self.blocks, self.type_id).numpy(),
+                                   GGMLQuantizationType[self.block_type])
         return torch.from_numpy(np.ascontiguousarray(values)).reshape(self.out_features, self.in_features)
 
     def weight_rows(self, ids: Tensor) -> Tensor:
@@ -67,11 +71,13 @@ class BlockEmbedding(nn.Module):
 
     blocks: Tensor  # buffer
 
-    def __init__(self, blocks: Tensor, block_type: str, embedding_dim: int):
+    def __init__(self, blocks: Tensor, block_type: str, embedding_dim: int, packed: int | None = None):
+        """`blocks` as the file holds them, or already packed with type id `packed` (`kernels.pack`)."""
         super().__init__()
-        self.block_type, self.type_id = block_type, _type_id(blocks, block_type, embedding_dim)
+        self.block_type = block_type
         self.num_embeddings, self.embedding_dim = blocks.shape[0], embedding_dim
-        self.register_buffer("blocks", blocks.contiguous())
+        packed_blocks, self.type_id = _packed(blocks, block_type, embedding_dim, packed)
+        self.register_buffer("blocks", packed_blocks)
 
     def forward(self, input_ids: Tensor) -> Tensor:
         """(*ids.shape, embedding_dim) float32."""
@@ -87,17 +93,19 @@ class BlockEmbedding(nn.Module):
         return f"{self.num_embeddings}, {self.embedding_dim}, {self.block_type}"
 
 
-def _type_id(blocks: Tensor, block_type: str, width: int) -> int:
-    """The GGML type id of `blocks`, rows of `width` values in `block_type`; refused where the kernels cannot run or
-    the bytes do not hold the rows."""
+def _packed(blocks: Tensor, block_type: str, width: int, packed: int | None) -> tuple[Tensor, int]:
+    """Rows of `width` values in `block_type` as the kernels read them, and their type id; refused where the kernels
+    cannot run or the bytes do not hold the rows."""
     if block_type not in kernels.BLOCKS:
         raise ValueError(f"the kernels take {', '.join(kernels.BLOCKS)} blocks, not {block_type}")
     if (reason := kernels.unavailable()) is not None:  # loads the op's library where it can
         raise RuntimeError(f"the GGUF block kernels cannot run here: {reason}")
-    type_id, per_block, block_bytes = kernels.BLOCKS[block_type]
+    per_block, block_bytes = kernels.PACKED.get(packed or -1, kernels.BLOCKS[block_type][1:])
     if blocks.dim() != 2 or width % per_block or blocks.shape[1] != width // per_block * block_bytes:
         raise ValueError(f"{blocks.shape[-1]} bytes of {block_type} per row do not hold {width} weights")
-    return type_id
+    if packed is not None:
+        return blocks.contiguous(), packed
+    return kernels.pack(blocks.contiguous(), block_type)
 
 
 def module_name(tensor_name: str, tied: bool) -> str | None:
@@ -144,11 +152,11 @@ def apply(model: PreTrainedModel, gguf_file: str | Path) -> list[str]:
         names = [module_name(tensor.name, tied), embedding_name if tensor.name == "token_embd.weight" else None]
         plan += [(name, tensor) for name in names if name is not None]
     with open(gguf_file, "rb") as file:
-        read: dict[str, Tensor] = {}  # the same tensors as the new modules' buffers: a tied token_embd is read once
+        read: dict[str, tuple[Tensor, int]] = {}  # the new modules' buffers: a tied token_embd is read once
 
-        def blocks_of(tensor) -> Tensor:
+        def blocks_of(tensor) -> tuple[Tensor, int]:
             if tensor.name not in read:
-                read[tensor.name] = _read_blocks(file, tensor)
+                read[tensor.name] = kernels.pack(_read_blocks(file, tensor), tensor.tensor_type.name)
             return read[tensor.name]
 
         checked = {}
@@ -187,12 +195,14 @@ def _fits(layer: nn.Module, tensor) -> bool:
     return (getattr(layer, "out_features", None), getattr(layer, "in_features", None)) == (rows, cols)
 
 
-def _block_module(layer: nn.Module, blocks: Tensor, tensor) -> BlockLinear | BlockEmbedding:
-    """The block layer of a GGUF tensor (its bytes read: `blocks`) in place of the model's `layer`, which it fits."""
+def _block_module(layer: nn.Module, packed: tuple[Tensor, int], tensor) -> BlockLinear | BlockEmbedding:
+    """The block layer of a GGUF tensor (its bytes read and packed: `packed`) in place of the model's `layer`, which
+    it fits."""
     cols, kind = int(tensor.shape[0]), tensor.tensor_type.name
+    blocks, type_id = packed
     if isinstance(layer, nn.Embedding):
-        return BlockEmbedding(blocks, kind, cols)
-    return BlockLinear(blocks, kind, cols, getattr(layer, "bias", None))
+        return BlockEmbedding(blocks, kind, cols, type_id)
+    return BlockLinear(blocks, kind, cols, getattr(layer, "bias", None), type_id)
 
 
 SAMPLED_ROWS = 1024  # of an embedding, compared with the model's: all of them would widen the whole table once

@@ -1,0 +1,141 @@
+// The lane order of the AVX-512 kernels and the packed K-quant layouts (lanes.h).
+#include "lanes.h"
+
+#include <cstring>
+
+namespace specchat {
+namespace {
+
+LaneOrder make_order(int64_t type) {
+  LaneOrder order;
+  const bool k_quant = type == Q4_K || type == Q6_K;
+  order.unit = k_quant ? 256 : 128;
+  order.vectors = order.unit / 64;
+  for (int t = 0; t < order.vectors; ++t) {
+    for (int lane = 0; lane < kLanes; ++lane) {
+      for (int e = 0; e < 4; ++e) {
+        int element;
+        if (type == Q4_K) {  // 128-bit lane j: 8 values of group 2j, then 8 of group 2j + 1
+          const int j = lane / 4, h = lane / 2 % 2, w = lane % 2;
+          element = 32 * (2 * j + h) + 8 * t + 4 * w + e;
+        } else if (type == Q6_K) {  // lane 4m + i is the 16 values of sub-block 4i + m
+          const int m = lane / 4, i = lane % 4;
+          element = 16 * (4 * i + m) + 4 * t + e;
+        } else {  // Q5_0, Q8_0: 128-bit lane m is 16 codes of block m, the first half in vector 0, the second in 1
+          element = 32 * (lane / 4) + 16 * t + 4 * (lane % 4) + e;
+        }
+        order.element[64 * t + 4 * lane + e] = static_cast<int16_t>(element);
+        order.group[lane] = static_cast<int16_t>(element / 32);
+      }
+    }
+  }
+  return order;
+}
+
+// The file's Q4_K: fp16 d, dmin; 12 bytes of 6-bit scales and mins; value e's 4-bit code in the low (e % 64 < 32) or
+// high nibble of byte 32 (e / 64) + e % 32 of the codes.
+int q4_k_code(const uint8_t* block, int e) {
+  const uint8_t byte = block[16 + 32 * (e / 64) + e % 32];
+  return e % 64 < 32 ? byte & 0x0F : byte >> 4;
+}
+
+void set_q4_k_code(uint8_t* block, int e, int code) {
+  block[16 + 32 * (e / 64) + e % 32] |= static_cast<uint8_t>(e % 64 < 32 ? code : code << 4);
+}
+
+// The file's Q6_K: value p = 128 h + 32 c + l has its low 4 bits in the low (c < 2) or high nibble of byte
+// 64 h + 32 (c % 2) + l, its high 2 bits at bit 2c of byte 128 + 32 h + l; 16 int8 scales at 192; fp16 d at 208.
+int q6_k_code(const uint8_t* block, int p) {
+  const int h = p / 128, c = p % 128 / 32, l = p % 32;
+  const int low = (block[64 * h + 32 * (c % 2) + l] >> (4 * (c / 2))) & 0x0F;
+  return low | (((block[128 + 32 * h + l] >> (2 * c)) & 0x03) << 4);
+}
+
+void set_q6_k_code(uint8_t* block, int p, int code) {
+  const int h = p / 128, c = p % 128 / 32, l = p % 32;
+  block[64 * h + 32 * (c % 2) + l] |= static_cast<uint8_t>((code & 0x0F) << (4 * (c / 2)));
+  block[128 + 32 * h + l] |= static_cast<uint8_t>((code >> 4) << (2 * c));
+}
+
+// Packed codes: the 4-bit part of element[64 t + j] in nibble t % 2 of byte 64 (t / 2) + j; Q6_K's high 2 bits at
+// bit 2t of byte 128 + j.
+void put_packed(uint8_t* out, int t, int j, int code, bool six_bits) {
+  out[64 * (t / 2) + j] |= static_cast<uint8_t>((code & 0x0F) << (4 * (t % 2)));
+  if (six_bits) out[128 + j] |= static_cast<uint8_t>((code >> 4) << (2 * t));
+}
+
+int packed_code(const uint8_t* in, int t, int j, bool six_bits) {
+  const int low = (in[64 * (t / 2) + j] >> (4 * (t % 2))) & 0x0F;
+  return six_bits ? low | (((in[128 + j] >> (2 * t)) & 0x03) << 4) : low;
+}
+
+void q4_k_scales(const uint8_t* block, uint8_t* scale, uint8_t* min) {
+  const uint8_t* q = block + 4;
+  for (int g = 0; g < 8; ++g) {
+    scale[g] = g < 4 ? q[g] & 0x3F : (q[g + 4] & 0x0F) | ((q[g - 4] >> 6) << 4);
+    min[g] = g < 4 ? q[g + 4] & 0x3F : (q[g + 4] >> 4) | ((q[g] >> 6) << 4);
+  }
+}
+
+void set_q4_k_scales(uint8_t* block, const uint8_t* scale, const uint8_t* min) {
+  uint8_t* q = block + 4;
+  for (int j = 0; j < 4; ++j) {
+    q[j] = static_cast<uint8_t>(scale[j] | ((scale[j + 4] >> 4) << 6));
+    q[j + 4] = static_cast<uint8_t>(min[j] | ((min[j + 4] >> 4) << 6));
+    q[j + 8] = static_cast<uint8_t>((scale[j + 4] & 0x0F) | ((min[j + 4] & 0x0F) << 4));
+  }
+}
+
+}  // namespace
+
+const LaneOrder& lane_order(int64_t type) {
+  static const LaneOrder q4_k = make_order(Q4_K), q6_k = make_order(Q6_K), q8 = make_order(Q8_0);
+  type = file_type(type);
+  return type == Q4_K ? q4_k : type == Q6_K ? q6_k : q8;
+}
+
+void pack_blocks(int64_t type, const uint8_t* in, uint8_t* out, int64_t blocks) {
+  const LaneOrder& order = lane_order(type);
+  const bool six_bits = type == Q6_K;
+  const int64_t in_bytes = six_bits ? 210 : 144, out_bytes = six_bits ? 210 : 148;
+  for (int64_t b = 0; b < blocks; ++b, in += in_bytes, out += out_bytes) {
+    std::memset(out, 0, static_cast<size_t>(out_bytes));
+    for (int t = 0; t < 4; ++t) {
+      for (int j = 0; j < 64; ++j) {
+        const int e = order.element[64 * t + j];
+        put_packed(out, t, j, six_bits ? q6_k_code(in, e) : q4_k_code(in, e), six_bits);
+      }
+    }
+    if (six_bits) {
+      for (int lane = 0; lane < kLanes; ++lane) out[192 + lane] = in[192 + order.element[4 * lane] / 16];
+      std::memcpy(out + 208, in + 208, 2);
+    } else {
+      q4_k_scales(in, out + 128, out + 136);
+      std::memcpy(out + 144, in, 4);
+    }
+  }
+}
+
+void unpack_blocks(int64_t packed_type, const uint8_t* in, uint8_t* out, int64_t blocks) {
+  const LaneOrder& order = lane_order(packed_type);
+  const bool six_bits = packed_type == Q6_K_LANES;
+  const int64_t in_bytes = six_bits ? 210 : 148, out_bytes = six_bits ? 210 : 144;
+  for (int64_t b = 0; b < blocks; ++b, in += in_bytes, out += out_bytes) {
+    std::memset(out, 0, static_cast<size_t>(out_bytes));
+    for (int t = 0; t < 4; ++t) {
+      for (int j = 0; j < 64; ++j) {
+        const int e = order.element[64 * t + j], code = packed_code(in, t, j, six_bits);
+        if (six_bits) set_q6_k_code(out, e, code); else set_q4_k_code(out, e, code);
+      }
+    }
+    if (six_bits) {
+      for (int lane = 0; lane < kLanes; ++lane) out[192 + order.element[4 * lane] / 16] = in[192 + lane];
+      std::memcpy(out + 208, in + 208, 2);
+    } else {
+      set_q4_k_scales(out, in + 128, in + 136);
+      std::memcpy(out, in + 144, 4);
+    }
+  }
+}
+
+}  // namespace specchat
