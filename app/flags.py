@@ -36,9 +36,10 @@ def add_model_flags(group: argparse._ActionsContainer) -> None:
     group.add_argument("--device", metavar="DEVICE", help="auto, cpu, cuda, cuda:N or mps (default: the preset's)")
     group.add_argument("--dtype", default="auto", help="auto, float32, bfloat16, float16 or float64")
     low_bit = ("gguf: the GGUF file's own blocks on the project's CPU kernels, the rest float32 (dense weights, with "
-               "one line, where they cannot run); int4 needs bfloat16; q4k: a GGUF's own Q4_K weights on the int4 "
-               "kernel; auto: gguf for a GGUF-backed model where the kernels run, else int4 on a CPU, int8 on CUDA "
-               "(default: the preset's)")
+               "one line, where they cannot run); q8_0: dense weights quantized to Q8_0 blocks at load, on the same "
+               "kernels; int4 needs bfloat16; q4k: a GGUF's own Q4_K weights on the int4 kernel; auto: gguf for a "
+               "GGUF-backed model where the kernels run, else on a CPU q8_0 or int4 as timed on this machine, int8 "
+               "on CUDA (default: the preset's)")
     group.add_argument("--target-quantize", choices=QUANTIZE_CHOICES, help=f"target weights; {low_bit}")
     group.add_argument("--drafter-quantize", choices=QUANTIZE_CHOICES, help=f"drafter weights; {low_bit}")
     group.add_argument("--head", action="append", metavar="DIR",

@@ -121,6 +121,14 @@ def matmul(x: Tensor, blocks: Tensor, block_type: str, out_features: int, bias: 
     return torch.ops.specchat.gguf_mm(x, weights, type_id, out_features, bias)
 
 
+def quantize(weights: Tensor, block_type: str = "Q8_0") -> Tensor:
+    """Dense weights (out, in) as GGUF blocks, uint8 (out, bytes of one row), quantized as ggml's reference quantizer
+    does (Q8_0 only: one fp16 scale max|w| / 127 per 32 weights, int8 codes); `in` a multiple of 32."""
+    if (reason := unavailable()) is not None:
+        raise RuntimeError(f"the GGUF block kernels cannot run here: {reason}")
+    return torch.ops.specchat.gguf_quantize(weights.detach().float(), BLOCKS[block_type][0])
+
+
 def rows(blocks: Tensor, ids: Tensor, block_type: str, cols: int) -> Tensor:
     """Rows `ids` (integers, any shape) of a tensor (rows, cols) held as GGUF blocks, uint8 (rows, bytes of one row),
     dequantized as the format defines: float32 (*ids.shape, cols). Only the rows asked are decoded (a lookup)."""

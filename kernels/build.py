@@ -27,7 +27,7 @@ UNITS = {"ops.cpp": ["-fopenmp"], "attention.cpp": ["-fopenmp", "-mavx2", "-mfma
          "blocks_avx2.cpp": ["-mavx2", "-mfma", "-mf16c"],
          "blocks_avx512.cpp": ["-mavx2", "-mfma", "-mf16c", "-mavx512f", "-mavx512bw", "-mavx512dq", "-mavx512vl",
                                "-mavx512vnni"],
-         "rows.cpp": [], "lanes.cpp": []}
+         "rows.cpp": ["-fopenmp"], "lanes.cpp": []}
 LIBRARY = "specchat_kernels.so"
 
 

@@ -1,14 +1,20 @@
 """Embedded GGUF files: locating the chunk wheels (through their metadata; the packages are never imported),
-assembling the chunks into one file and verifying its sha256."""
+assembling the chunks into one file and verifying its sha256; and the tensors a GGUF file holds, from its header."""
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import importlib.metadata
+import mmap
 import os
+import struct
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
+import numpy as np
 from tqdm import tqdm
 
 from models.presets import EmbeddedModel, ModelLoadError
@@ -103,3 +109,81 @@ def _data_file(distribution: str) -> Path:
             f"{len(paths)} present; it is damaged. Fix: {pip_install_command(reinstall=True)}"
         )
     return paths[0]
+
+
+@dataclass(frozen=True)
+class TensorInfo:
+    """One tensor of a GGUF file, from its header: `shape` in GGUF order (columns first), its bytes at `data_offset`."""
+
+    name: str
+    type_name: str  # GGML's name of its type: "Q4_K", "F32", ...
+    shape: tuple[int, ...]
+    data_offset: int
+    n_bytes: int
+
+
+_SCALARS = {0: "B", 1: "b", 2: "H", 3: "h", 4: "I", 5: "i", 6: "f", 7: "?", 10: "Q", 11: "q", 12: "d"}
+_STRING, _ARRAY = 8, 9
+
+
+def tensor_infos(path: str | Path) -> list[TensorInfo]:
+    """The tensors a GGUF file holds, read from its header alone (gguf-py's reader parses every metadata value, the
+    tokenizer's 150k strings included, in seconds; this skips them). Kept per file, size and time of change."""
+    stat = Path(path).stat()
+    return list(_tensor_infos(str(path), stat.st_size, stat.st_mtime_ns))
+
+
+@functools.cache
+def _tensor_infos(path: str, size: int, changed: int) -> tuple[TensorInfo, ...]:
+    from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
+
+    with open(path, "rb") as file, mmap.mmap(file.fileno(), 0, access=mmap.ACCESS_READ) as data:
+        if data[:4] != b"GGUF":
+            raise ValueError(f"{path} is no GGUF file")
+        at = 4
+
+        def take(fmt: str) -> Any:
+            nonlocal at
+            value = struct.unpack_from("<" + fmt, data, at)[0]
+            at += struct.calcsize(fmt)
+            return value
+
+        def string() -> str:
+            nonlocal at
+            length = take("Q")
+            at += length
+            return bytes(data[at - length:at]).decode("utf-8", errors="replace")
+
+        def skip(value_type: int) -> Any:
+            nonlocal at
+            if value_type == _STRING:
+                return string()
+            if value_type == _ARRAY:
+                item_type, count = take("I"), take("Q")
+                if item_type in _SCALARS:  # a run of fixed-size values: stepped over at once
+                    at += count * struct.calcsize(_SCALARS[item_type])
+                else:
+                    for _ in range(count):
+                        skip(item_type)
+                return None
+            return take(_SCALARS[value_type])
+
+        take("I")  # version
+        tensors, fields = take("Q"), take("Q")
+        alignment = 32
+        for _ in range(fields):
+            key, value = string(), skip(take("I"))
+            if key == "general.alignment":
+                alignment = int(value)
+        headers = []
+        for _ in range(tensors):
+            name = string()
+            shape = tuple(take("Q") for _ in range(take("I")))
+            headers.append((name, GGMLQuantizationType(take("I")), shape, take("Q")))
+        start = -(-at // alignment) * alignment
+    infos = []
+    for name, kind, shape, offset in headers:
+        per_block, block_bytes = GGML_QUANT_SIZES[kind]
+        count = int(np.prod(shape, dtype=np.int64))
+        infos.append(TensorInfo(name, kind.name, shape, start + offset, count // per_block * block_bytes))
+    return tuple(infos)

@@ -14,12 +14,12 @@ from pathlib import Path
 
 import torch
 from safetensors import SafetensorError
-from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
+from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 from transformers.utils import logging as hf_logging
 
 import kernels
 from models.devices import resolve_device, resolve_dtype
-from models.formats import blocks, q4k
+from models.formats import blocks, choice, q4k
 from models.formats.prepack import available as prepack_available
 from models.formats.prepack import is_prepacked, prepack
 from models.formats.quantize import activation_dtype, quantize_weights, resolve_quantize
@@ -36,7 +36,7 @@ class LoadedModel:
     tokenizer: PreTrainedTokenizerBase
     name: str
     source: str  # the directory the weights were read from, or the Hub id
-    quantize: str = "none"  # what was applied: "none" | "int8" | "int4" | "q4k" | "gguf"
+    quantize: str = "none"  # what was applied: "none" | "int8" | "int4" | "q4k" | "gguf" | "q8_0"
     dense: PreTrainedModel | None = None  # a quantized model's weights before quantizing, when asked for (prefill)
 
     @property
@@ -52,6 +52,9 @@ class LoadedModel:
                             if isinstance(m, (blocks.BlockLinear, blocks.BlockEmbedding))})
             return (f"the GGUF's own {', '.join(kinds)} blocks ({kernels.isa()} kernels {kernels.build_id()}, int8 "
                     "activations), the rest float32")
+        if self.quantize == "q8_0":
+            return (f"Q8_0 blocks quantized at load ({kernels.isa()} kernels {kernels.build_id()}, int8 activations), "
+                    "the rest float32")
         if self.quantize == "q4k":
             return ("the GGUF's Q4_K weights (int4 kernel, bfloat16 inside), the rest float32"
                     + (", oneDNN-prepacked" if is_prepacked(self.model) else ""))
@@ -85,7 +88,8 @@ def load_model(
     `keep_dense`: a quantized model also keeps its dense weights as `dense` (for prefill: see `CachedModel`).
     `verify`: check the sha256 of every file of a converted copy (their sizes are checked on every load).
     "gguf" where the kernels cannot run, or for a model without a GGUF file, says so in one line and loads the
-    model's dense weights; "auto" takes gguf where it can."""
+    model's dense weights; "auto" takes gguf where it can, else on a CPU q8_0 or int4, whichever this machine runs
+    the model's layers faster in (`models.formats.choice`)."""
     torch_device = resolve_device(device)
     compute_dtype = resolve_dtype(dtype, torch_device)  # dense weights: the machine's (or the asked) dtype
     asked = quantize
@@ -99,10 +103,14 @@ def load_model(
             quantize = "none"
         elif gguf is not None and (asked == "gguf" or quantize == "int4"):
             quantize = "gguf"
+        elif (asked == "auto" and quantize == "int4" and dtype.strip().lower() == "auto"
+              and kernels.unavailable() is None):
+            quantize = _timed_low_bit(source, cache_root, trust_remote_code)
         torch_dtype = activation_dtype(quantize, compute_dtype, torch_device)
         # gguf: read in bfloat16 (the converted copy's own dtype, so the same values; mapped, not read, until used)
         # and widened once the linears and the embedding are blocks: their dense weights are never read
-        read_dtype = torch.bfloat16 if quantize == "gguf" else torch_dtype
+        # q8_0: quantized from the checkpoint's own values ("auto": its dtype)
+        read_dtype = torch.bfloat16 if quantize == "gguf" else "auto" if quantize == "q8_0" else torch_dtype
         model, tokenizer = _from_pretrained(spec, source, read_dtype, trust_remote_code)
     model.to(torch_device)  # type: ignore[arg-type]  # transformers' decorator on `to` hides its signature
     model.eval()
@@ -112,6 +120,11 @@ def load_model(
         _apply_file_weights(model, blocks.apply, str(gguf),
                             f"{', '.join(kernels.BLOCKS)} weights. Fix: use int4 for other types.")
         model.float()  # norms and biases (and a layer in another type); the blocks are uint8 and stay
+    elif quantize == "q8_0":
+        if not blocks.quantize_dense(model):
+            raise ModelLoadError(f"{source.name} has no linear layer whose inputs are whole blocks of 32. "
+                                 "Fix: use int4.")
+        model.float()  # norms and biases (and a layer the blocks do not fit); the blocks are uint8 and stay
     elif quantize == "q4k":
         dense = copy.deepcopy(model) if keep_dense else None
         _apply_q4k(model, spec, source, cache_root, progress)  # its other layers (Q6_K) are prepacked below
@@ -159,6 +172,17 @@ def _apply_file_weights(model: PreTrainedModel, apply: Callable[[PreTrainedModel
         raise ModelLoadError(f"{gguf} holds no {none_found}")
 
 
+def _timed_low_bit(source: _Source, cache_root: Path, trust_remote_code: bool) -> str:
+    """"q8_0" or "int4" for a dense model on this CPU, whichever its layer shapes run faster in (`formats.choice`);
+    int4 for a model whose layers that timing does not know."""
+    try:
+        config = AutoConfig.from_pretrained(source.location, trust_remote_code=trust_remote_code,
+                                            local_files_only=_hub_offline())
+        return choice.choose(config, cache_root)
+    except (OSError, ValueError, AttributeError):
+        return "int4"
+
+
 def _apply_q4k(model: PreTrainedModel, spec: str, source: _Source, cache_root: Path, progress: bool) -> None:
     """The GGUF's own Q4_K tensors into `model`'s decoder linears (`models.formats.q4k`)."""
     gguf = _gguf_file(spec, source, cache_root, progress)
@@ -192,7 +216,7 @@ def _looks_like_path(spec: str) -> bool:
 
 
 def _from_pretrained(
-    spec: str, source: _Source, dtype: torch.dtype, trust_remote_code: bool
+    spec: str, source: _Source, dtype: torch.dtype | str, trust_remote_code: bool
 ) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
     # why: huggingface_hub reads HF_HUB_OFFLINE once at import; honour it when set later too.
     options = {"trust_remote_code": trust_remote_code, "local_files_only": _hub_offline()}

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from utils.paths import default_cache_dir  # noqa: F401  # the loaders' default, named here beside the registry
 
 # auto: the low-bit weights that pay off (resolve_quantize), gguf where the model's file and the kernels allow
-QUANTIZE_CHOICES = ("none", "int8", "int4", "q4k", "gguf", "auto")
+QUANTIZE_CHOICES = ("none", "int8", "int4", "q4k", "gguf", "q8_0", "auto")
 
 
 class ModelLoadError(Exception):

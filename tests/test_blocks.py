@@ -214,3 +214,34 @@ def test_what_reads_the_embedding_works_on_blocks_the_hidden_width_and_a_heads_r
     assert torch.equal(head.embeds(ids), model.get_input_embeddings()(ids))
     assert torch.equal(head.out, model.lm_head.dequantized()[vocab])  # only those rows dequantized
     assert torch.equal(model.lm_head.weight_rows(vocab), model.lm_head.dequantized()[vocab])
+
+
+def test_a_dense_model_quantized_to_q8_0_blocks_computes_what_it_did_and_shares_a_tied_table():
+    model = tiny_model(dtype=torch.float32, layers=2, hidden=256, intermediate=320)
+    model.lm_head.weight = model.get_input_embeddings().weight  # tied
+    reference = copy.deepcopy(model)
+    replaced = blocks.quantize_dense(model)
+    linears = [name for name, m in reference.named_modules() if isinstance(m, torch.nn.Linear)]
+    assert set(replaced) == {*linears, "model.embed_tokens"}
+    assert {m.block_type for m in model.modules() if isinstance(m, blocks.BlockLinear)} == {"Q8_0"}
+    assert model.lm_head.blocks is model.get_input_embeddings().blocks  # quantized once
+    assert float_tables(model) == []
+    ids = torch.tensor([PROMPT])
+    with torch.inference_mode():
+        got, expected = model(ids).logits, reference(ids).logits
+    assert (got - expected).abs().max() <= 2e-2 * expected.abs().max()  # Q8_0 weights and int8 activations
+    up = model.model.layers[1].mlp.up_proj
+    assert (up.dequantized() - reference.model.layers[1].mlp.up_proj.weight).abs().max() <= \
+        reference.model.layers[1].mlp.up_proj.weight.abs().max() / 127  # half a step of the largest scale
+
+
+def test_the_tensor_list_read_from_a_files_header_is_gguf_pys(tmp_path):
+    from gguf import GGUFReader
+
+    from models.gguf import tensor_infos
+
+    model = tiny_model(dtype=torch.float32, layers=2, hidden=256)
+    path = embedding_file(tmp_path, model, tied=False)
+    expected = [(t.name, t.tensor_type.name, tuple(int(n) for n in t.shape), int(t.data_offset), int(t.n_bytes))
+                for t in GGUFReader(str(path)).tensors]
+    assert [(t.name, t.type_name, t.shape, t.data_offset, t.n_bytes) for t in tensor_infos(path)] == expected

@@ -114,6 +114,19 @@ def test_weights_packed_for_one_instruction_set_are_refused_by_another_with_the_
         kernels.use()
 
 
+def test_q8_0_quantization_makes_the_blocks_ggml_makes():
+    from gguf import GGMLQuantizationType, quants
+
+    weights = torch.randn(40, 320, generator=torch.Generator().manual_seed(8)) * 0.05
+    weights[3, :32] = 0  # a block of zeros: scale 0, codes 0
+    weights[5, 7] = weights[5, :32].abs().max() / 127 * 2.5  # a value half way between two codes
+    got = kernels.quantize(weights)
+    assert got.dtype == torch.uint8 and torch.equal(got, torch.from_numpy(quants.quantize(weights.numpy(),
+                                                                                          GGMLQuantizationType.Q8_0)))
+    with pytest.raises(RuntimeError, match="whole blocks of 32"):
+        kernels.quantize(torch.randn(4, 40))
+
+
 def test_inputs_that_do_not_fit_the_blocks_are_refused_with_the_reason():
     raw = torch.from_numpy(random_blocks("Q8_0", 4, 64))
     with pytest.raises(RuntimeError, match="do not fill the rows"):

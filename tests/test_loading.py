@@ -23,6 +23,7 @@ import kernels
 from models import devices, gguf
 from models import store as model_cache
 from models.devices import cpuinfo_has_bf16, resolve_device, resolve_dtype
+from models.formats import choice
 from models.formats.blocks import BlockEmbedding, BlockLinear
 from models.formats.int8 import Int8Linear
 from models.formats.prepack import PackedLinear
@@ -92,9 +93,41 @@ def test_low_bit_cpu_weights_bring_bfloat16_activations_when_the_dtype_is_auto(t
     monkeypatch.setattr(devices, "cpu_supports_bf16", lambda: False)  # the machine's own default: float32
     int8 = load_model(str(tiny_dir), device="cpu", dtype="auto", quantize="int8", progress=False)
     assert int8.quantize == "int8" and int8.model.dtype == torch.bfloat16
-    assert load_model(str(tiny_dir), device="cpu", dtype="auto", quantize="auto", progress=False).quantize == "int4"
+    monkeypatch.setattr(choice, "choose", lambda config, cache_dir: "int4")  # what this CPU's timing chose
+    int4 = load_model(str(tiny_dir), device="cpu", dtype="auto", quantize="auto", progress=False)
+    assert int4.quantize == "int4" and int4.model.dtype == torch.bfloat16
     with pytest.raises(ModelLoadError, match="int8 weights need bfloat16 activations"):
         load_model(str(tiny_dir), device="cpu", dtype="float32", quantize="int8", progress=False)
+
+
+@pytest.mark.skipif(kernels.unavailable() is not None, reason=f"kernels: {kernels.unavailable()}")
+def test_q8_0_puts_a_dense_model_on_the_kernels_and_auto_takes_it_where_this_cpu_runs_it_fast(tiny_dir, monkeypatch):
+    loaded = load_model(str(tiny_dir), device="cpu", quantize="q8_0", progress=False)
+    assert loaded.quantize == "q8_0" and loaded.format.startswith("Q8_0 blocks")
+    assert isinstance(loaded.model.model.layers[0].mlp.up_proj, BlockLinear)
+    assert isinstance(loaded.model.get_input_embeddings(), BlockEmbedding)
+    plain = AutoModelForCausalLM.from_pretrained(str(tiny_dir), dtype=torch.float32).eval()
+    ids = torch.tensor([[5, 9, 12, 7]])
+    with torch.inference_mode():
+        got, expected = loaded.model(ids).logits, plain(ids).logits
+    assert got.dtype == torch.float32 and (got - expected).abs().max() <= 2e-2 * expected.abs().max()
+    monkeypatch.setattr(choice, "choose", lambda config, cache_dir: "q8_0")
+    assert load_model(str(tiny_dir), device="cpu", quantize="auto", progress=False).quantize == "q8_0"
+    with pytest.raises(ModelLoadError, match="q8_0 weights run on the project's CPU kernels"):
+        resolve_quantize("q8_0", torch.float32, torch.device("cuda"))
+
+
+@pytest.mark.parametrize("q8_0, int4, expected", [(1.0, 1.0, "q8_0"), (1.2, 1.0, "q8_0"), (1.4, 1.0, "int4")])
+def test_the_low_bit_format_is_timed_once_per_machine_and_int4_must_pay_for_its_error(tmp_path, monkeypatch, q8_0,
+                                                                                      int4, expected):
+    timed = []
+    monkeypatch.setattr(choice, "time_formats", lambda layer: timed.append(layer) or {"q8_0": q8_0, "int4": int4})
+    from transformers import LlamaConfig
+
+    config = LlamaConfig(hidden_size=64, intermediate_size=96, num_attention_heads=4, num_key_value_heads=2)
+    assert choice.choose(config, tmp_path) == expected
+    assert choice.choose(config, tmp_path) == expected and len(timed) == 1  # kept
+    assert timed[0] == [(64, 64), (32, 64), (32, 64), (64, 64), (96, 64), (96, 64), (64, 96)]
 
 
 def test_a_float32_cpu_model_is_prepacked_and_predicts_as_before(tiny_dir):
@@ -815,6 +848,7 @@ def test_gguf_without_a_gguf_file_says_so_and_loads_the_dense_weights(tmp_path, 
     loaded = load_model(str(directory), device="cpu", quantize="gguf", progress=False)
     assert loaded.quantize == "none" and not any(isinstance(m, BlockLinear) for m in loaded.model.modules())
     assert "no gguf weights (a directory model has no GGUF file)" in capsys.readouterr().err
+    monkeypatch.setattr(choice, "choose", lambda config, cache_dir: "int4")  # what this CPU's timing chose
     assert load_model(str(directory), device="cpu", quantize="auto", progress=False).quantize == "int4"
 
 

@@ -1,10 +1,13 @@
-// The torch op specchat::gguf_rows: rows of a GGUF tensor's blocks, dequantized to float32 (an embedding lookup: only
-// the rows asked are decoded). Plain scalar code; each value is computed as the format's reference dequantization
+// The torch ops specchat::gguf_rows: rows of a GGUF tensor's blocks, dequantized to float32 (an embedding lookup: only
+// the rows asked are decoded); and specchat::gguf_quantize: dense float32 weights into Q8_0 blocks. Plain scalar code; each value is computed as the format's reference dequantization
 // computes it (gguf-py's quants.dequantize, ggml's dequantize_row_*), in float32 with the same operations in order.
 #include <ATen/ATen.h>
+#include <ATen/Parallel.h>
 #include <c10/util/Half.h>
 #include <torch/library.h>
 
+#include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <vector>
 
@@ -126,11 +129,42 @@ at::Tensor gguf_rows(const at::Tensor& blocks, const at::Tensor& ids, int64_t ty
   return out;
 }
 
+// Q8_0 as ggml's reference quantizer (and gguf-py's) makes it: per 32 values d = max |x| / 127 in float32, codes
+// round(x / d) half away from zero (through the float32 inverse), d stored as fp16.
+void quantize_q8_0(const float* x, uint8_t* block) {
+  float top = 0.0f;
+  for (int j = 0; j < 32; ++j) top = std::max(top, std::fabs(x[j]));
+  const float d = top / 127.0f, inverse = d != 0.0f ? 1.0f / d : 0.0f;
+  const uint16_t bits = c10::Half(d).x;
+  std::memcpy(block, &bits, 2);
+  for (int j = 0; j < 32; ++j) block[2 + j] = static_cast<uint8_t>(static_cast<int8_t>(std::round(x[j] * inverse)));
+}
+
+// w: float32 (rows, cols), cols a multiple of 32; uint8 (rows, cols / 32 * 34).
+at::Tensor gguf_quantize(const at::Tensor& w, int64_t type) {
+  TORCH_CHECK(type == Q8_0, "specchat::gguf_quantize: only Q8_0 (type 8) is made here, not type ", type);
+  TORCH_CHECK(w.device().is_cpu() && w.scalar_type() == at::kFloat && w.dim() == 2 && w.size(1) % 32 == 0,
+              "specchat::gguf_quantize: w must be a 2-D float32 CPU tensor of whole blocks of 32 columns");
+  const at::Tensor source = w.contiguous();
+  const int64_t rows = w.size(0), per_row = w.size(1) / 32;
+  at::Tensor blocks = at::empty({rows, per_row * 34}, w.options().dtype(at::kByte));
+  const float* x = source.data_ptr<float>();
+  uint8_t* out = blocks.data_ptr<uint8_t>();
+  at::parallel_for(0, rows * per_row, 4096, [&](int64_t b0, int64_t b1) {
+    for (int64_t b = b0; b < b1; ++b) quantize_q8_0(x + b * 32, out + b * 34);
+  });
+  return blocks;
+}
+
 }  // namespace
 }  // namespace specchat
 
 TORCH_LIBRARY_FRAGMENT(specchat, m) {
   m.def("gguf_rows(Tensor blocks, Tensor ids, int ggml_type, int cols) -> Tensor");
+  m.def("gguf_quantize(Tensor w, int ggml_type) -> Tensor");
 }
 
-TORCH_LIBRARY_IMPL(specchat, CPU, m) { m.impl("gguf_rows", &specchat::gguf_rows); }
+TORCH_LIBRARY_IMPL(specchat, CPU, m) {
+  m.impl("gguf_rows", &specchat::gguf_rows);
+  m.impl("gguf_quantize", &specchat::gguf_quantize);
+}

@@ -10,17 +10,16 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 import torch
 from torch import Tensor, nn
+from transformers import PreTrainedModel
 
 import kernels
 from models.formats.layers import linear_weight
-
-if TYPE_CHECKING:
-    from transformers import PreTrainedModel
+from models.gguf import TensorInfo, tensor_infos
 
 MODULES = {"attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj",
            "attn_output": "self_attn.o_proj", "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj",
@@ -119,18 +118,16 @@ def module_name(tensor_name: str, tied: bool) -> str | None:
     return f"model.layers.{match[1]}.{MODULES[match[2]]}"
 
 
-def _tied(reader) -> bool:
+def _tied(tensors: list[TensorInfo]) -> bool:
     """Whether the file's output layer is its embedding (no output.weight of its own)."""
-    return not any(tensor.name == "output.weight" for tensor in reader.tensors)
+    return not any(tensor.name == "output.weight" for tensor in tensors)
 
 
 def block_linears(gguf_file: str | Path) -> int:
     """How many of the file's linears the kernels take (the header only: the weights are not read)."""
-    from gguf import GGUFReader
-
-    reader = GGUFReader(str(gguf_file))
-    tied = _tied(reader)
-    return sum(module_name(t.name, tied) is not None and t.tensor_type.name in kernels.BLOCKS for t in reader.tensors)
+    tensors = tensor_infos(gguf_file)
+    tied = _tied(tensors)
+    return sum(module_name(t.name, tied) is not None and t.type_name in kernels.BLOCKS for t in tensors)
 
 
 def apply(model: PreTrainedModel, gguf_file: str | Path) -> list[str]:
@@ -139,15 +136,13 @@ def apply(model: PreTrainedModel, gguf_file: str | Path) -> list[str]:
     in such blocks; the names replaced. Every shape, the first layer's weights and rows of the embedding are checked
     against the model's first (the file must be the one it was loaded from); a refused file changes nothing. Then the
     layers are read from the file and swapped one at a time: the model's other dense weights are never read."""
-    from gguf import GGUFReader
-
-    reader = GGUFReader(str(gguf_file))
-    tied = _tied(reader)
+    tensors = tensor_infos(gguf_file)
+    tied = _tied(tensors)
     embedding = model.get_input_embeddings()
     embedding_name = next(name for name, module in model.named_modules() if module is embedding)
     plan: list[tuple[str, Any]] = []  # (module name, GGUF tensor), the embedding's name for token_embd
-    for tensor in reader.tensors:
-        if tensor.tensor_type.name not in kernels.BLOCKS:
+    for tensor in tensors:
+        if tensor.type_name not in kernels.BLOCKS:
             continue
         names = [module_name(tensor.name, tied), embedding_name if tensor.name == "token_embd.weight" else None]
         plan += [(name, tensor) for name in names if name is not None]
@@ -156,7 +151,7 @@ def apply(model: PreTrainedModel, gguf_file: str | Path) -> list[str]:
 
         def blocks_of(tensor) -> tuple[Tensor, int]:
             if tensor.name not in read:
-                read[tensor.name] = kernels.pack(_read_blocks(file, tensor), tensor.tensor_type.name)
+                read[tensor.name] = kernels.pack(_read_blocks(file, tensor), tensor.type_name)
             return read[tensor.name]
 
         checked = {}
@@ -175,6 +170,32 @@ def apply(model: PreTrainedModel, gguf_file: str | Path) -> list[str]:
             parent, _, child = name.rpartition(".")
             setattr(model.get_submodule(parent) if parent else model, child, new)
     return [name for name, _ in plan]
+
+
+def quantize_dense(model: nn.Module, block_type: str = "Q8_0") -> list[str]:
+    """Replace, in place, each linear whose inputs are whole blocks of 32 by a `BlockLinear` of its weights quantized
+    to Q8_0 (`kernels.quantize`: as ggml's reference quantizer makes them), and the input embedding by a
+    `BlockEmbedding`; a tied output layer shares the embedding's blocks. One layer at a time: the dense weights of
+    each go once it is replaced. The names replaced."""
+    embedding = model.get_input_embeddings() if isinstance(model, PreTrainedModel) else None
+    made: dict[int, Tensor] = {}  # the blocks of each weight tensor (by data pointer): tied layers quantized once
+    replaced = []
+    for name, layer in list(model.named_modules()):
+        is_embedding = layer is embedding and isinstance(layer, nn.Embedding)
+        if not (is_embedding or isinstance(layer, nn.Linear)):
+            continue
+        weight = layer.weight if is_embedding else linear_weight(layer)
+        if weight.dim() != 2 or weight.shape[1] % 32:
+            continue
+        key = weight.data_ptr()
+        if key not in made:
+            made[key] = kernels.quantize(weight, block_type)
+        new: nn.Module = (BlockEmbedding(made[key], block_type, weight.shape[1]) if is_embedding else
+                          BlockLinear(made[key], block_type, weight.shape[1], getattr(layer, "bias", None)))
+        parent, _, child = name.rpartition(".")
+        setattr(model.get_submodule(parent) if parent else model, child, new)
+        replaced.append(name)
+    return replaced
 
 
 def _read_blocks(file, tensor) -> Tensor:
@@ -198,7 +219,7 @@ def _fits(layer: nn.Module, tensor) -> bool:
 def _block_module(layer: nn.Module, packed: tuple[Tensor, int], tensor) -> BlockLinear | BlockEmbedding:
     """The block layer of a GGUF tensor (its bytes read and packed: `packed`) in place of the model's `layer`, which
     it fits."""
-    cols, kind = int(tensor.shape[0]), tensor.tensor_type.name
+    cols, kind = int(tensor.shape[0]), tensor.type_name
     blocks, type_id = packed
     if isinstance(layer, nn.Embedding):
         return BlockEmbedding(blocks, kind, cols, type_id)

@@ -10,7 +10,9 @@ from models.formats.int8 import to_int8
 from models.presets import QUANTIZE_CHOICES, ModelLoadError
 
 LOW_BIT_CPU = ("int4", "int8")  # torch's packed CPU kernels, which take bfloat16 activations
-FILE_FORMATS = {"gguf": ("the project's CPU kernels", "block"), "q4k": ("torch's packed int4 CPU kernel", "Q4_K")}
+# formats with float32 around their layers, CPU only: (the kernel they run on, what their layers are)
+FILE_FORMATS = {"gguf": ("the project's CPU kernels", "block"), "q4k": ("torch's packed int4 CPU kernel", "Q4_K"),
+                "q8_0": ("the project's CPU kernels", "Q8_0")}
 
 
 def resolve_quantize(quantize: str, dtype: torch.dtype, device: torch.device, dtype_given: bool = True) -> str:
