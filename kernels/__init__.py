@@ -15,7 +15,7 @@ from kernels.build import BuildError, build
 
 # GGML type id -> (weights, bytes) per block, as csrc/blocks.h reads them
 BLOCKS = {"Q5_0": (6, 32, 22), "Q8_0": (8, 32, 34), "Q4_K": (12, 256, 144), "Q6_K": (14, 256, 210)}
-BLOCK_BYTES = {type_id: size for type_id, _, size in BLOCKS.values()}
+BLOCK_BYTES = {type_id: (weights, size) for type_id, weights, size in BLOCKS.values()}
 
 
 @cache
@@ -35,8 +35,8 @@ def _loaded(cache_dir: Path | None = None) -> str | None:
     return None
 
 
-# The K-quant layouts the AVX-512 kernels read (csrc/lanes.h): (weights, bytes) per block, by type id
-PACKED = {268: (256, 148), 270: (256, 210)}
+# The layouts the AVX-512 kernels read (csrc/lanes.h): (weights, bytes) per unit, by type id
+PACKED = {262: (128, 88), 264: (128, 136), 268: (256, 148), 270: (256, 210)}
 
 
 def _fake_mm(x: Tensor, w: Tensor, ggml_type: int, out_features: int, bias: Tensor | None = None) -> Tensor:
@@ -44,12 +44,15 @@ def _fake_mm(x: Tensor, w: Tensor, ggml_type: int, out_features: int, bias: Tens
 
 
 def _fake_pack(w: Tensor, ggml_type: int) -> Tensor:
-    _, size = PACKED[int(torch.ops.specchat.gguf_layout(ggml_type))]
-    return w.new_empty(w.shape[0], w.shape[1] // BLOCK_BYTES[ggml_type] * size)
+    cols = w.shape[1] // BLOCK_BYTES[ggml_type][1] * BLOCK_BYTES[ggml_type][0]
+    per_unit, size = PACKED.get(int(torch.ops.specchat.gguf_layout(ggml_type, cols)), BLOCK_BYTES[ggml_type])
+    return w.new_empty(w.shape[0], cols // per_unit * size)
 
 
 def _fake_unpack(w: Tensor, ggml_type: int) -> Tensor:
-    return w.new_empty(w.shape[0], w.shape[1] // PACKED[ggml_type][1] * BLOCK_BYTES[ggml_type - 256])
+    per_unit, size = PACKED[ggml_type]
+    per_block, block_bytes = BLOCK_BYTES[ggml_type - 256]
+    return w.new_empty(w.shape[0], w.shape[1] // size * per_unit // per_block * block_bytes)
 
 
 def _fake_rows(blocks: Tensor, ids: Tensor, ggml_type: int, cols: int) -> Tensor:
@@ -100,12 +103,12 @@ def row_attention(q: Tensor, k: Tensor, v: Tensor, seen: Tensor | None, scaling:
 
 def pack(blocks: Tensor, block_type: str) -> tuple[Tensor, int]:
     """A GGUF tensor's blocks, uint8 (rows, bytes of one row), as the kernels in use read them best, and the type id
-    to run them with: the AVX-512 kernels read Q4_K and Q6_K rearranged (the same values; `unpack` gives the file's
-    bytes back), every other case the file's own blocks (not copied)."""
+    to run them with: the AVX-512 kernels read every type rearranged (the same values; `unpack` gives the file's bytes
+    back), the AVX2 kernels the file's own blocks (not copied)."""
     if (reason := unavailable()) is not None:
         raise RuntimeError(f"the GGUF block kernels cannot run here: {reason}")
-    type_id = BLOCKS[block_type][0]
-    layout = int(torch.ops.specchat.gguf_layout(type_id))
+    type_id, per_block, block_bytes = BLOCKS[block_type]
+    layout = int(torch.ops.specchat.gguf_layout(type_id, blocks.shape[-1] // block_bytes * per_block))
     return (blocks, type_id) if layout == type_id else (torch.ops.specchat.gguf_pack(blocks, type_id), layout)
 
 

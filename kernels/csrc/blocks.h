@@ -5,8 +5,12 @@
 
 namespace specchat {
 
-// GGML's type ids, as the GGUF file names them; and the K-quant layouts the AVX-512 kernels read (lanes.h).
-enum BlockType : int64_t { Q5_0 = 6, Q8_0 = 8, Q4_K = 12, Q6_K = 14, Q4_K_LANES = 256 + Q4_K, Q6_K_LANES = 256 + Q6_K };
+// GGML's type ids, as the GGUF file names them; and the packed layouts the AVX-512 kernels read (lanes.h), whose
+// blocks are units: one K-quant block, or four Q5_0/Q8_0 blocks.
+enum BlockType : int64_t {
+  Q5_0 = 6, Q8_0 = 8, Q4_K = 12, Q6_K = 14,
+  Q5_0_LANES = 256 + Q5_0, Q8_0_LANES = 256 + Q8_0, Q4_K_LANES = 256 + Q4_K, Q6_K_LANES = 256 + Q6_K
+};
 
 struct BlockFormat {
   int64_t weights;  // per block
@@ -19,6 +23,8 @@ inline bool block_format(int64_t type, BlockFormat* format) {
     case Q8_0: *format = {32, 34}; return true;
     case Q4_K: *format = {256, 144}; return true;
     case Q6_K: *format = {256, 210}; return true;
+    case Q5_0_LANES: *format = {128, 88}; return true;
+    case Q8_0_LANES: *format = {128, 136}; return true;
     case Q4_K_LANES: *format = {256, 148}; return true;
     case Q6_K_LANES: *format = {256, 210}; return true;
     default: return false;
@@ -46,8 +52,8 @@ struct Kernels {
   bool packed;  // reads Activations::packed (else q, d and s)
   // Whether these kernels take a weight of this type with k inputs.
   bool (*takes)(int64_t type, int64_t k);
-  // The type these kernels read a file type's weights in best (the type itself, or its packed layout).
-  int64_t (*layout)(int64_t type);
+  // The type these kernels read a file type's weights of k inputs in best (the type itself, or its packed layout).
+  int64_t (*layout)(int64_t type, int64_t k);
   // Rows [row0, row0 + rows) of x (rows, k) float32 into `a` (whose pointers are cast back to writable), for a
   // weight of this type.
   void (*quantize)(int64_t type, const float* x, int64_t row0, int64_t rows, const Activations& a);

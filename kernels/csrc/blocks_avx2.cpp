@@ -268,7 +268,7 @@ void matmul(int64_t type, const uint8_t* w, int64_t row_bytes, const Activations
 }
 
 bool takes(int64_t type, int64_t) { return !is_packed(type); }
-int64_t layout(int64_t type) { return type; }
+int64_t layout(int64_t type, int64_t) { return type; }
 
 }  // namespace
 

@@ -1,7 +1,6 @@
 // AVX-512 (F, BW, DQ, VL) + VNNI kernels. The weights of a unit (256 for the K-quants, four blocks = 128 for Q5_0 and
-// Q8_0) come as 64-byte vectors whose int32 lanes each belong to one scale group (the K-quants packed so at load,
-// lanes.h; Q5_0 and Q8_0 rearranged in registers), and the activations are stored in the matching order when they
-// are rounded: `vpdpbusd` then sums a lane's products over
+// Q8_0) come as 64-byte vectors whose int32 lanes each belong to one scale group (packed so at load, lanes.h), and
+// the activations are stored in the matching order when they are rounded: `vpdpbusd` then sums a lane's products over
 // the whole unit in int32, and a row pays one conversion and two float steps per unit instead of one per group.
 // Every row runs the same instructions in the same order whatever the number of rows and the thread: a row's result
 // has the same bits in a verify as in a one-token step.
@@ -167,42 +166,34 @@ void q6_k(const uint8_t* w, const Activations& a, int64_t row0, float* result) {
   for (int r = 0; r < R; ++r) result[r] = _mm512_reduce_add_ps(acc[r]);
 }
 
-// Q5_0 (fp16 d, 32 high bits, 16 bytes of low 4 bits; weight = d * (code - 16)) and Q8_0 (fp16 d, 32 int8 codes;
-// weight = d * code), four blocks a unit: lanes 4m..4m + 3 are block m.
+// Q5_0_LANES and Q8_0_LANES (lanes.h): weight = d * (code - 16) and d * (code - 128) for the unsigned codes; lanes
+// 4m..4m + 3 are block m.
 template <int R, bool kQ8>
 void small_blocks(const uint8_t* w, const Activations& a, int64_t row0, float* result) {
-  constexpr int64_t bytes = kQ8 ? 34 : 22;
+  constexpr int64_t bytes = kQ8 ? 136 : 88;
   const int64_t units = a.k / 128;
   const __m512i quarter = _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3);
-  const __m128i nibble = _mm_set1_epi8(0x0F);
-  const __m256i bit4 = _mm256_set1_epi8(0x10);
-  const __m512i sign = _mm512_set1_epi8(static_cast<char>(0x80));
+  const __m512i nibble = _mm512_set1_epi8(0x0F), bit4 = _mm512_set1_epi8(0x10);
   __m512 acc[R];
   for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_ps();
   const int8_t* rows[R];
   row_starts<R>(a, row0, rows);
   for (int64_t u = 0; u < units; ++u) {
-    const uint8_t* unit = w + u * 4 * bytes;
-    prefetch(unit, 4 * bytes);
-    __m256i block[4];
-    for (int m = 0; m < 4; ++m) {
-      const uint8_t* p = unit + m * bytes;
-      if (kQ8) {
-        block[m] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 2));
-      } else {
-        uint32_t high;
-        std::memcpy(&high, p + 2, 4);
-        const __m128i packed = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 6));
-        const __m256i low = _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(packed, 4), nibble), _mm_and_si128(packed, nibble));
-        block[m] = _mm256_or_si256(low, _mm256_maskz_mov_epi8(high, bit4));
-      }
+    const uint8_t* unit = w + u * bytes;
+    prefetch(unit, bytes);
+    __m512i codes[2];
+    if (kQ8) {
+      codes[0] = load(unit);
+      codes[1] = load(unit + 64);
+    } else {
+      uint64_t high[2];
+      std::memcpy(high, unit + 64, 16);
+      const __m512i low = load(unit);
+      codes[0] = _mm512_or_si512(_mm512_and_si512(low, nibble), _mm512_maskz_mov_epi8(high[0], bit4));
+      codes[1] = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(low, 4), nibble),
+                                 _mm512_maskz_mov_epi8(high[1], bit4));
     }
-    const __m512i first = _mm512_inserti64x4(_mm512_castsi256_si512(block[0]), block[1], 1);
-    const __m512i second = _mm512_inserti64x4(_mm512_castsi256_si512(block[2]), block[3], 1);
-    __m512i codes[2] = {_mm512_shuffle_i64x2(first, second, _MM_SHUFFLE(2, 0, 2, 0)),
-                        _mm512_shuffle_i64x2(first, second, _MM_SHUFFLE(3, 1, 3, 1))};
-    if (kQ8) for (auto& c : codes) c = _mm512_xor_si512(c, sign);  // signed codes + 128, as unsigned bytes
-    const __m128 d4 = _mm_setr_ps(half(unit), half(unit + bytes), half(unit + 2 * bytes), half(unit + 3 * bytes));
+    const __m128 d4 = _mm_cvtph_ps(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(unit + bytes - 8)));
     const __m512 scales = _mm512_permutexvar_ps(quarter, _mm512_castps128_ps512(d4));
     const int64_t at = u * (128 + kUnitExtra);
     __m512i dot[R];
@@ -221,8 +212,8 @@ void rows(int64_t type, const uint8_t* w, const Activations& a, int64_t row0, fl
   switch (type) {
     case Q4_K_LANES: q4_k<R>(w, a, row0, result); break;
     case Q6_K_LANES: q6_k<R>(w, a, row0, result); break;
-    case Q8_0: small_blocks<R, true>(w, a, row0, result); break;
-    case Q5_0: small_blocks<R, false>(w, a, row0, result); break;
+    case Q8_0_LANES: small_blocks<R, true>(w, a, row0, result); break;
+    case Q5_0_LANES: small_blocks<R, false>(w, a, row0, result); break;
   }
 }
 
@@ -250,13 +241,14 @@ void matmul(int64_t type, const uint8_t* w, int64_t row_bytes, const Activations
   }
 }
 
-// The file's K-quants are read packed (their file layout goes to the AVX2 kernels); Q5_0 and Q8_0 as the file has
-// them, in whole units of 128.
-bool takes(int64_t type, int64_t k) {
-  return type == Q4_K_LANES || type == Q6_K_LANES || ((type == Q5_0 || type == Q8_0) && k % 128 == 0);
-}
+// Every type is read packed (lanes.h); the file's own layouts go to the AVX2 kernels, as do Q5_0 and Q8_0 rows that
+// are not whole units of 128.
+bool takes(int64_t type, int64_t) { return is_packed(type); }
 
-int64_t layout(int64_t type) { return type == Q4_K ? Q4_K_LANES : type == Q6_K ? Q6_K_LANES : type; }
+int64_t layout(int64_t type, int64_t k) {
+  const bool whole = type == Q4_K || type == Q6_K || ((type == Q5_0 || type == Q8_0) && k % 128 == 0);
+  return whole ? type + 256 : type;
+}
 
 }  // namespace
 

@@ -94,7 +94,9 @@ const LaneOrder& lane_order(int64_t type) {
   return type == Q4_K ? q4_k : type == Q6_K ? q6_k : q8;
 }
 
-void pack_blocks(int64_t type, const uint8_t* in, uint8_t* out, int64_t blocks) {
+namespace {
+
+void pack_k_quants(int64_t type, const uint8_t* in, uint8_t* out, int64_t blocks) {
   const LaneOrder& order = lane_order(type);
   const bool six_bits = type == Q6_K;
   const int64_t in_bytes = six_bits ? 210 : 144, out_bytes = six_bits ? 210 : 148;
@@ -116,7 +118,7 @@ void pack_blocks(int64_t type, const uint8_t* in, uint8_t* out, int64_t blocks) 
   }
 }
 
-void unpack_blocks(int64_t packed_type, const uint8_t* in, uint8_t* out, int64_t blocks) {
+void unpack_k_quants(int64_t packed_type, const uint8_t* in, uint8_t* out, int64_t blocks) {
   const LaneOrder& order = lane_order(packed_type);
   const bool six_bits = packed_type == Q6_K_LANES;
   const int64_t in_bytes = six_bits ? 210 : 148, out_bytes = six_bits ? 210 : 144;
@@ -136,6 +138,75 @@ void unpack_blocks(int64_t packed_type, const uint8_t* in, uint8_t* out, int64_t
       std::memcpy(out, in + 144, 4);
     }
   }
+}
+
+
+// The file's Q5_0 (fp16 d, 32 fifth bits, 16 bytes of low 4 bits: value i < 16 in the low nibble of byte i, i >= 16
+// in the high nibble of byte i - 16) and Q8_0 (fp16 d, 32 int8 codes), four blocks a unit: unsigned codes (Q5_0's
+// 0..31, Q8_0's plus 128) of element e of the unit.
+int small_code(const uint8_t* unit, int64_t type, int e) {
+  const int m = e / 32, i = e % 32;
+  if (type == Q8_0) return static_cast<int8_t>(unit[34 * m + 2 + i]) + 128;
+  const uint8_t* block = unit + 22 * m;
+  const int low = i < 16 ? block[6 + i] & 0x0F : block[6 + i - 16] >> 4;
+  return low | (((block[2 + i / 8] >> (i % 8)) & 1) << 4);
+}
+
+void set_small_code(uint8_t* unit, int64_t type, int e, int code) {
+  const int m = e / 32, i = e % 32;
+  if (type == Q8_0) {
+    unit[34 * m + 2 + i] = static_cast<uint8_t>(code - 128);
+    return;
+  }
+  uint8_t* block = unit + 22 * m;
+  block[6 + i % 16] |= static_cast<uint8_t>((code & 0x0F) << (i < 16 ? 0 : 4));
+  block[2 + i / 8] |= static_cast<uint8_t>((code >> 4) << (i % 8));
+}
+
+void pack_small(int64_t type, const uint8_t* in, uint8_t* out, int64_t units) {
+  const LaneOrder& order = lane_order(type);
+  const bool q8 = type == Q8_0;
+  const int64_t in_bytes = q8 ? 136 : 88, out_bytes = in_bytes, scales = out_bytes - 8, block = in_bytes / 4;
+  for (int64_t u = 0; u < units; ++u, in += in_bytes, out += out_bytes) {
+    std::memset(out, 0, static_cast<size_t>(out_bytes));
+    for (int p = 0; p < 128; ++p) {
+      const int code = small_code(in, type, order.element[p]);
+      if (q8) {
+        out[p] = static_cast<uint8_t>(code);
+      } else {
+        out[p % 64] |= static_cast<uint8_t>((code & 0x0F) << (4 * (p / 64)));
+        out[64 + p / 8] |= static_cast<uint8_t>((code >> 4) << (p % 8));
+      }
+    }
+    for (int m = 0; m < 4; ++m) std::memcpy(out + scales + 2 * m, in + block * m, 2);
+  }
+}
+
+void unpack_small(int64_t type, const uint8_t* in, uint8_t* out, int64_t units) {
+  const LaneOrder& order = lane_order(type);
+  const bool q8 = type == Q8_0;
+  const int64_t in_bytes = q8 ? 136 : 88, scales = in_bytes - 8, block = in_bytes / 4;
+  for (int64_t u = 0; u < units; ++u, in += in_bytes, out += in_bytes) {
+    std::memset(out, 0, static_cast<size_t>(in_bytes));
+    for (int p = 0; p < 128; ++p) {
+      const int code = q8 ? in[p] : ((in[p % 64] >> (4 * (p / 64))) & 0x0F) | (((in[64 + p / 8] >> (p % 8)) & 1) << 4);
+      set_small_code(out, type, order.element[p], code);
+    }
+    for (int m = 0; m < 4; ++m) std::memcpy(out + block * m, in + scales + 2 * m, 2);
+  }
+}
+
+}  // namespace
+
+void pack_blocks(int64_t type, const uint8_t* in, uint8_t* out, int64_t units) {
+  if (type == Q4_K || type == Q6_K) pack_k_quants(type, in, out, units);
+  else pack_small(type, in, out, units);
+}
+
+void unpack_blocks(int64_t packed_type, const uint8_t* in, uint8_t* out, int64_t units) {
+  const int64_t type = file_type(packed_type);
+  if (type == Q4_K || type == Q6_K) unpack_k_quants(packed_type, in, out, units);
+  else unpack_small(type, in, out, units);
 }
 
 }  // namespace specchat

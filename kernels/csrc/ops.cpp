@@ -108,34 +108,38 @@ at::Tensor gguf_mm(const at::Tensor& x, const at::Tensor& w, int64_t type, int64
   return out;
 }
 
-// The type the kernels in use read a file type's weights in: the type itself, or its packed layout (lanes.h).
-int64_t gguf_layout(int64_t type) {
+// The type the kernels in use read a file type's weights of k inputs in: the type itself, or its packed layout.
+int64_t gguf_layout(int64_t type, int64_t k) {
   const Kernels* kernels = chosen().load();
-  return kernels ? kernels->layout(type) : type;
+  return kernels ? kernels->layout(type, k) : type;
 }
 
-// w's rows (uint8, rows x bytes) from one layout to another, each row a whole number of blocks.
+// w's rows (uint8, rows x bytes) from one layout to another, each row a whole number of the packed layout's units.
 at::Tensor convert(const at::Tensor& w, int64_t from, int64_t to, void (*rearrange)(int64_t, const uint8_t*, uint8_t*,
                                                                                        int64_t)) {
   BlockFormat in, out;
   TORCH_CHECK(block_format(from, &in) && block_format(to, &out), "specchat: GGML type ", from, " is not supported");
   TORCH_CHECK(w.device().is_cpu() && w.scalar_type() == at::kByte && w.dim() == 2 && w.size(1) % in.bytes == 0,
               "specchat: blocks must be uint8 (rows, whole blocks of ", in.bytes, " bytes)");
+  const int64_t k = w.size(1) / in.bytes * in.weights, unit = std::max(in.weights, out.weights);
+  TORCH_CHECK(k % unit == 0, "specchat: rows of ", k, " weights are not whole units of ", unit);
   const at::Tensor source = w.contiguous();
-  const int64_t per_row = w.size(1) / in.bytes;
-  at::Tensor result = at::empty({w.size(0), per_row * out.bytes}, w.options());
+  const int64_t units = k / unit, out_bytes = k / out.weights * out.bytes;
+  at::Tensor result = at::empty({w.size(0), out_bytes}, w.options());
   const uint8_t* src = source.data_ptr<uint8_t>();
   uint8_t* dst = result.data_ptr<uint8_t>();
   at::parallel_for(0, w.size(0), 64, [&](int64_t r0, int64_t r1) {
-    rearrange(from, src + r0 * w.size(1), dst + r0 * per_row * out.bytes,
-              (r1 - r0) * per_row);
+    rearrange(from, src + r0 * w.size(1), dst + r0 * out_bytes, (r1 - r0) * units);
   });
   return result;
 }
 
-// A file type's blocks in the layout the kernels in use read (gguf_layout), and back.
+// A file type's blocks (rows of k weights) in the layout the kernels in use read (gguf_layout), and back.
 at::Tensor gguf_pack(const at::Tensor& w, int64_t type) {
-  const int64_t to = gguf_layout(type);
+  BlockFormat format;
+  TORCH_CHECK(block_format(type, &format) && !is_packed(type), "specchat::gguf_pack: GGML type ", type,
+              " is not a file type the kernels take");
+  const int64_t to = gguf_layout(type, w.size(1) / format.bytes * format.weights);
   if (to == type) return w.clone();  // an op does not return its input
   return convert(w, type, to, pack_blocks);
 }
@@ -153,7 +157,7 @@ TORCH_LIBRARY(specchat, m) {
   m.def("gguf_isa() -> str", &specchat::gguf_isa);
   m.def("gguf_isas() -> str[]", &specchat::gguf_isas);
   m.def("gguf_use(str isa) -> str", &specchat::gguf_use);
-  m.def("gguf_layout(int ggml_type) -> int", &specchat::gguf_layout);
+  m.def("gguf_layout(int ggml_type, int k) -> int", &specchat::gguf_layout);
   m.def("gguf_pack(Tensor w, int ggml_type) -> Tensor");
   m.def("gguf_unpack(Tensor w, int ggml_type) -> Tensor");
 }

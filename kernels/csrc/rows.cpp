@@ -114,17 +114,18 @@ at::Tensor gguf_rows(const at::Tensor& blocks, const at::Tensor& ids, int64_t ty
   at::Tensor out = at::empty(shape, blocks.options().dtype(at::kFloat));
   const uint8_t* data = blocks.data_ptr<uint8_t>();
   float* y = out.data_ptr<float>();
-  const int64_t per_row = cols / format.weights, file = file_type(type);
+  const int64_t file = file_type(type);
   BlockFormat file_format;
   block_format(file, &file_format);
+  const int64_t per_row = cols / file_format.weights;  // the file's blocks
   std::vector<uint8_t> unpacked(is_packed(type) ? static_cast<size_t>(per_row * file_format.bytes) : 0);
   for (int64_t i = 0; i < count; ++i) {  // a lookup is a few rows: one thread
     const uint8_t* row = data + id[i] * row_bytes;
     if (is_packed(type)) {  // the file's bytes back first
-      unpack_blocks(type, row, unpacked.data(), per_row);
+      unpack_blocks(type, row, unpacked.data(), cols / format.weights);
       row = unpacked.data();
     }
-    for (int64_t b = 0; b < per_row; ++b) decode(file, row + b * file_format.bytes, y + i * cols + b * format.weights);
+    for (int64_t b = 0; b < per_row; ++b) decode(file, row + b * file_format.bytes, y + i * cols + b * file_format.weights);
   }
   return out;
 }

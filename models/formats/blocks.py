@@ -178,7 +178,7 @@ def quantize_dense(model: nn.Module, block_type: str = "Q8_0") -> list[str]:
     `BlockEmbedding`; a tied output layer shares the embedding's blocks. One layer at a time: the dense weights of
     each go once it is replaced. The names replaced."""
     embedding = model.get_input_embeddings() if isinstance(model, PreTrainedModel) else None
-    made: dict[int, Tensor] = {}  # the blocks of each weight tensor (by data pointer): tied layers quantized once
+    made: dict[int, tuple[Tensor, int]] = {}  # each weight tensor's packed blocks (by data pointer): tied layers once
     replaced = []
     for name, layer in list(model.named_modules()):
         is_embedding = layer is embedding and isinstance(layer, nn.Embedding)
@@ -189,9 +189,10 @@ def quantize_dense(model: nn.Module, block_type: str = "Q8_0") -> list[str]:
             continue
         key = weight.data_ptr()
         if key not in made:
-            made[key] = kernels.quantize(weight, block_type)
-        new: nn.Module = (BlockEmbedding(made[key], block_type, weight.shape[1]) if is_embedding else
-                          BlockLinear(made[key], block_type, weight.shape[1], getattr(layer, "bias", None)))
+            made[key] = kernels.pack(kernels.quantize(weight, block_type), block_type)
+        packed, type_id = made[key]
+        new: nn.Module = (BlockEmbedding(packed, block_type, weight.shape[1], type_id) if is_embedding else
+                          BlockLinear(packed, block_type, weight.shape[1], getattr(layer, "bias", None), type_id))
         parent, _, child = name.rpartition(".")
         setattr(model.get_submodule(parent) if parent else model, child, new)
         replaced.append(name)
