@@ -30,6 +30,7 @@ import kernels
 from benchmarks.llamacpp import binary, parse_completion_log
 from models import invariance
 from models.formats.blocks import module_name
+from models.gguf import tensor_bytes, tensor_infos
 from models.loading import load_model
 from models.presets import EMBEDDED, default_cache_dir
 from models.store import embedded_gguf
@@ -42,14 +43,11 @@ CONTEXT = 128
 
 def target_linears(gguf: Path) -> list[tuple[torch.Tensor, str, int, int]]:
     """(blocks, type, in, out) of every linear the kernels take, in file order."""
-    from gguf import GGUFReader
-
     found = []
-    for tensor in GGUFReader(str(gguf)).tensors:
-        if module_name(tensor.name, tied=False) and tensor.tensor_type.name in kernels.BLOCKS:
-            cols, rows = (int(n) for n in tensor.shape)
-            found.append((torch.from_numpy(np.array(tensor.data, dtype=np.uint8).reshape(rows, -1)),
-                          tensor.tensor_type.name, cols, rows))
+    for tensor in tensor_infos(gguf):
+        if module_name(tensor.name, tied=False) and tensor.type_name in kernels.BLOCKS:
+            cols, rows = tensor.shape
+            found.append((torch.from_numpy(np.array(tensor_bytes(gguf, tensor))), tensor.type_name, cols, rows))
     return found
 
 

@@ -187,3 +187,10 @@ def _tensor_infos(path: str, size: int, changed: int) -> tuple[TensorInfo, ...]:
         count = int(np.prod(shape, dtype=np.int64))
         infos.append(TensorInfo(name, kind.name, shape, start + offset, count // per_block * block_bytes))
     return tuple(infos)
+
+
+def tensor_bytes(path: str | Path, tensor: TensorInfo) -> np.ndarray:
+    """A tensor's bytes, uint8 (rows, bytes per row) with rows its last GGUF dimension, mapped from the file."""
+    rows = tensor.shape[-1] if len(tensor.shape) > 1 else 1
+    return np.memmap(path, dtype=np.uint8, mode="r", offset=tensor.data_offset,
+                     shape=(rows, tensor.n_bytes // rows))

@@ -17,6 +17,7 @@ from torch import Tensor, nn
 
 from models.formats.int4 import PackedInt4
 from models.formats.layers import linear_weight
+from models.gguf import tensor_bytes, tensor_infos
 
 GROUP = 32  # Q4_K's sub-block: the weights that share a scale and a min
 BLOCK = 256  # weights per Q4_K block: fp16 d, fp16 dmin, 12 bytes of 6-bit scales and mins, 128 bytes of codes
@@ -53,17 +54,15 @@ def apply(model: nn.Module, gguf_file: str | Path) -> list[str]:
     """Replace, in place, each of a Qwen2/Llama-layout model's decoder linears that the GGUF stores in Q4_K by a
     `Q4KLinear` of the file's own weights (checked against the model's: the file must be the one it was loaded
     from); the names replaced."""
-    from gguf import GGUFReader
-
     layers = {}
-    for tensor in GGUFReader(str(gguf_file)).tensors:
+    for tensor in tensor_infos(gguf_file):
         match = re.fullmatch(r"blk\.(\d+)\.(\w+)\.weight", tensor.name)
-        if tensor.tensor_type.name != "Q4_K" or not match or match[2] not in MODULES:
+        if tensor.type_name != "Q4_K" or not match or match[2] not in MODULES:
             continue
         name = f"model.layers.{match[1]}.{MODULES[match[2]]}"
         layer = model.get_submodule(name)
         cols, rows = (int(n) for n in tensor.shape)
-        codes, scale, low = groups(np.asarray(tensor.data), rows, cols)
+        codes, scale, low = groups(tensor_bytes(gguf_file, tensor), rows, cols)
         weight = (codes.view(rows, -1, GROUP) * scale[..., None] - low[..., None]).view(rows, cols)
         expected = linear_weight(layer).float()
         if expected.shape != (rows, cols) or not torch.allclose(weight, expected, rtol=1 / 128, atol=1e-6):
