@@ -37,7 +37,8 @@ int offset_of(int64_t type) {
 }
 
 // Per row: per 32 values one scale (max |x| / 127) and int8 values; per unit the values in the type's order, then per
-// lane the group's scale and the lane's offset (the int32 start of its sum, or for Q4_K the float sum of its values).
+// lane the group's scale and the lane's offset (the int32 start of its sum); for Q4_K per group its scale and the float
+// sum of its values.
 void quantize(int64_t type, const float* x, int64_t row0, int64_t rows, const Activations& a) {
   const LaneOrder& order = lane_order(type);
   const int64_t groups = a.k / 32, units = a.k / order.unit;
@@ -71,12 +72,10 @@ void quantize(int64_t type, const float* x, int64_t row0, int64_t rows, const Ac
         for (int64_t t = 0; t < order.vectors; ++t)
           for (int e = 0; e < 4; ++e) sum += out[64 * t + 4 * lane + e];
         lane_scale[lane] = scale[u * order.unit / 32 + order.group[lane]];
-        if (file_type(type) == Q4_K) {
-          const float as_float = static_cast<float>(sum);
-          std::memcpy(&lane_offset[lane], &as_float, 4);
-        } else {
-          lane_offset[lane] = -offset * sum;
-        }
+        lane_offset[lane] = file_type(type) == Q4_K ? sum : -offset * sum;
+      }
+      if (file_type(type) == Q4_K) {  // per group (lanes g and g + 8): 8 scales, then the float sums of its values
+        for (int g = 0; g < 8; ++g) lane_scale[8 + g] = static_cast<float>(lane_offset[g] + lane_offset[g + 8]);
       }
       std::memcpy(out + order.unit, lane_scale, sizeof lane_scale);
       std::memcpy(out + order.unit + 64, lane_offset, sizeof lane_offset);
@@ -90,28 +89,33 @@ void row_starts(const Activations& a, int64_t row0, const int8_t* (&rows)[R]) {
   for (int r = 0; r < R; ++r) rows[r] = a.packed + (row0 + r) * a.row_stride;
 }
 
-// Q4_K_LANES (lanes.h): weight = d * scale * code - dmin * min. Lanes 2g and 2g + 1 are group g.
+// The sum of a vector's 8 floats, in one fixed order.
+inline float sum8(__m256 v) {
+  __m128 x = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  x = _mm_add_ps(x, _mm_movehl_ps(x, x));
+  return _mm_cvtss_f32(_mm_add_ss(x, _mm_movehdup_ps(x)));
+}
+
+// Q4_K_LANES (lanes.h): weight = d * scale * code - dmin * min. Lanes g and g + 8 are group g: their int32 sums are
+// added, and the float steps run on the 8 groups.
 template <int R>
 void q4_k(const uint8_t* w, const Activations& a, int64_t row0, float* result) {
   const int64_t units = a.k / 256;
   const __m512i nibble = _mm512_set1_epi8(0x0F);
-  const __m128i pairs = _mm_setr_epi8(0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7);
-  const __m128i min_pairs = _mm_setr_epi8(8, 8, 9, 9, 10, 10, 11, 11, 12, 12, 13, 13, 14, 14, 15, 15);
-  __m512 acc[R];
-  for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_ps();
+  __m256 acc[R];
+  for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
   const int8_t* rows[R];
   row_starts<R>(a, row0, rows);
   for (int64_t u = 0; u < units; ++u) {
     const uint8_t* block = w + u * 148;
     prefetch(block, 148);
-    const __m128i bytes = _mm_loadu_si128(reinterpret_cast<const __m128i*>(block + 128));
     int32_t d_dmin;
     std::memcpy(&d_dmin, block + 144, 4);
     const __m128 d = _mm_cvtph_ps(_mm_cvtsi32_si128(d_dmin));
-    const __m512 scales = _mm512_mul_ps(_mm512_broadcastss_ps(d),
-                                        _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_shuffle_epi8(bytes, pairs))));
-    const __m512 mins = _mm512_mul_ps(_mm512_broadcastss_ps(_mm_movehdup_ps(d)),
-                                      _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_shuffle_epi8(bytes, min_pairs))));
+    const __m256 scales = _mm256_mul_ps(_mm256_broadcastss_ps(d), _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(
+                                            _mm_loadl_epi64(reinterpret_cast<const __m128i*>(block + 128)))));
+    const __m256 mins = _mm256_mul_ps(_mm256_broadcastss_ps(_mm_movehdup_ps(d)), _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(
+                                          _mm_loadl_epi64(reinterpret_cast<const __m128i*>(block + 136)))));
     const __m512i first = load(block), second = load(block + 64);
     const __m512i codes[4] = {_mm512_and_si512(first, nibble), _mm512_and_si512(_mm512_srli_epi16(first, 4), nibble),
                               _mm512_and_si512(second, nibble), _mm512_and_si512(_mm512_srli_epi16(second, 4), nibble)};
@@ -121,13 +125,14 @@ void q4_k(const uint8_t* w, const Activations& a, int64_t row0, float* result) {
     for (int t = 1; t < 4; ++t)
       for (int r = 0; r < R; ++r) dot[r] = _mm512_dpbusd_epi32(dot[r], codes[t], load(rows[r] + at + 64 * t));
     for (int r = 0; r < R; ++r) {
-      const float* lanes = reinterpret_cast<const float*>(rows[r] + at + 256);
-      const __m512 value = _mm512_fnmadd_ps(_mm512_loadu_ps(lanes + kLanes), mins,
-                                            _mm512_mul_ps(_mm512_cvtepi32_ps(dot[r]), scales));
-      acc[r] = _mm512_fmadd_ps(value, _mm512_loadu_ps(lanes), acc[r]);
+      const float* groups = reinterpret_cast<const float*>(rows[r] + at + 256);
+      const __m256i sum = _mm256_add_epi32(_mm512_castsi512_si256(dot[r]), _mm512_extracti64x4_epi64(dot[r], 1));
+      const __m256 value = _mm256_fnmadd_ps(_mm256_loadu_ps(groups + 8), mins,
+                                            _mm256_mul_ps(_mm256_cvtepi32_ps(sum), scales));
+      acc[r] = _mm256_fmadd_ps(value, _mm256_loadu_ps(groups), acc[r]);
     }
   }
-  for (int r = 0; r < R; ++r) result[r] = _mm512_reduce_add_ps(acc[r]);
+  for (int r = 0; r < R; ++r) result[r] = sum8(acc[r]);
 }
 
 // Q6_K_LANES (lanes.h): weight = d * scale * (code - 32). Lane 4m + i is sub-block 4i + m.

@@ -15,9 +15,9 @@ LaneOrder make_order(int64_t type) {
     for (int lane = 0; lane < kLanes; ++lane) {
       for (int e = 0; e < 4; ++e) {
         int element;
-        if (type == Q4_K) {  // 128-bit lane j: 8 values of group 2j, then 8 of group 2j + 1
-          const int j = lane / 4, h = lane / 2 % 2, w = lane % 2;
-          element = 32 * (2 * j + h) + 8 * t + 4 * w + e;
+        if (type == Q4_K) {  // lanes g and g + 8 are group g: the two halves of a vector add up to the 8 groups
+          const int g = lane % 8, w = lane / 8;
+          element = 32 * g + 8 * t + 4 * w + e;
         } else if (type == Q6_K) {  // lane 4m + i is the 16 values of sub-block 4i + m
           const int m = lane / 4, i = lane % 4;
           element = 16 * (4 * i + m) + 4 * t + e;
