@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import torch
@@ -99,7 +98,7 @@ def _packed(blocks: Tensor, block_type: str, width: int, packed: int | None) -> 
         raise ValueError(f"the kernels take {', '.join(kernels.BLOCKS)} blocks, not {block_type}")
     if (reason := kernels.unavailable()) is not None:  # loads the op's library where it can
         raise RuntimeError(f"the GGUF block kernels cannot run here: {reason}")
-    per_block, block_bytes = kernels.PACKED.get(packed or -1, kernels.BLOCKS[block_type][1:])
+    per_block, block_bytes = kernels.PACKED[packed] if packed in kernels.PACKED else kernels.BLOCKS[block_type][1:]
     if blocks.dim() != 2 or width % per_block or blocks.shape[1] != width // per_block * block_bytes:
         raise ValueError(f"{blocks.shape[-1]} bytes of {block_type} per row do not hold {width} weights")
     if packed is not None:
@@ -140,7 +139,7 @@ def apply(model: PreTrainedModel, gguf_file: str | Path) -> list[str]:
     tied = _tied(tensors)
     embedding = model.get_input_embeddings()
     embedding_name = next(name for name, module in model.named_modules() if module is embedding)
-    plan: list[tuple[str, Any]] = []  # (module name, GGUF tensor), the embedding's name for token_embd
+    plan: list[tuple[str, TensorInfo]] = []  # (module name, GGUF tensor), the embedding's name for token_embd
     for tensor in tensors:
         if tensor.type_name not in kernels.BLOCKS:
             continue
@@ -149,7 +148,7 @@ def apply(model: PreTrainedModel, gguf_file: str | Path) -> list[str]:
     with open(gguf_file, "rb") as file:
         read: dict[str, tuple[Tensor, int]] = {}  # the new modules' buffers: a tied token_embd is read once
 
-        def blocks_of(tensor) -> tuple[Tensor, int]:
+        def blocks_of(tensor: TensorInfo) -> tuple[Tensor, int]:
             if tensor.name not in read:
                 read[tensor.name] = kernels.pack(_read_blocks(file, tensor), tensor.type_name)
             return read[tensor.name]
@@ -167,8 +166,7 @@ def apply(model: PreTrainedModel, gguf_file: str | Path) -> list[str]:
             new = checked.get(name)
             if new is None:
                 new = _block_module(model.get_submodule(name), blocks_of(tensor), tensor)
-            parent, _, child = name.rpartition(".")
-            setattr(model.get_submodule(parent) if parent else model, child, new)
+            _swap(model, name, new)
     return [name for name, _ in plan]
 
 
@@ -191,15 +189,19 @@ def quantize_dense(model: nn.Module, block_type: str = "Q8_0") -> list[str]:
         if key not in made:
             made[key] = kernels.pack(kernels.quantize(weight, block_type), block_type)
         packed, type_id = made[key]
-        new: nn.Module = (BlockEmbedding(packed, block_type, weight.shape[1], type_id) if is_embedding else
-                          BlockLinear(packed, block_type, weight.shape[1], getattr(layer, "bias", None), type_id))
-        parent, _, child = name.rpartition(".")
-        setattr(model.get_submodule(parent) if parent else model, child, new)
+        _swap(model, name, BlockEmbedding(packed, block_type, weight.shape[1], type_id) if is_embedding else
+              BlockLinear(packed, block_type, weight.shape[1], getattr(layer, "bias", None), type_id))
         replaced.append(name)
     return replaced
 
 
-def _read_blocks(file, tensor) -> Tensor:
+def _swap(model: nn.Module, name: str, new: nn.Module) -> None:
+    """Put `new` in place of the model's module `name`."""
+    parent, _, child = name.rpartition(".")
+    setattr(model.get_submodule(parent) if parent else model, child, new)
+
+
+def _read_blocks(file, tensor: TensorInfo) -> Tensor:
     """A GGUF tensor's bytes, uint8 (rows, bytes per row), read from the file (no mapping of it stays resident)."""
     rows = int(tensor.shape[-1]) if len(tensor.shape) > 1 else 1
     blocks = torch.empty(rows, tensor.n_bytes // rows, dtype=torch.uint8)
@@ -209,7 +211,7 @@ def _read_blocks(file, tensor) -> Tensor:
     return blocks
 
 
-def _fits(layer: nn.Module, tensor) -> bool:
+def _fits(layer: nn.Module, tensor: TensorInfo) -> bool:
     """Whether a GGUF tensor has the shape of the model's layer (its weights are not read)."""
     cols, rows = (int(n) for n in tensor.shape) if len(tensor.shape) == 2 else (0, 0)
     if isinstance(layer, nn.Embedding):
@@ -217,7 +219,7 @@ def _fits(layer: nn.Module, tensor) -> bool:
     return (getattr(layer, "out_features", None), getattr(layer, "in_features", None)) == (rows, cols)
 
 
-def _block_module(layer: nn.Module, packed: tuple[Tensor, int], tensor) -> BlockLinear | BlockEmbedding:
+def _block_module(layer: nn.Module, packed: tuple[Tensor, int], tensor: TensorInfo) -> BlockLinear | BlockEmbedding:
     """The block layer of a GGUF tensor (its bytes read and packed: `packed`) in place of the model's `layer`, which
     it fits."""
     cols, kind = int(tensor.shape[0]), tensor.type_name

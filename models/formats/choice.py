@@ -16,6 +16,7 @@ from torch import nn
 
 import kernels
 from models.devices import cpu_flags, cpu_model
+from models.formats.blocks import quantize_dense
 from models.formats.int4 import to_int4
 
 LAYERS = 6  # decoder layers' worth of weights timed: past the last-level cache, as a step reads them
@@ -56,8 +57,6 @@ def choose(config, cache_dir: Path) -> str:
 
 def time_formats(layer: list[tuple[int, int]], repeats: int = 3) -> dict[str, float]:
     """Seconds for LAYERS layers of these linears in each format, summed over ROWS, the best of `repeats`."""
-    from models.formats.blocks import quantize_dense
-
     generator = torch.Generator().manual_seed(0)
     dense = nn.Sequential(*(nn.Linear(cols, rows, bias=False, dtype=torch.bfloat16)
                             for _ in range(LAYERS) for rows, cols in layer))
