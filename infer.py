@@ -201,7 +201,7 @@ def run(args: argparse.Namespace, chosen: Decoding, console: Console, errors: Co
     from app.startup import compiles_by_default, load, probe_and_calibrate, records_for
     from chat.app import ChatApp
     from chat.oneshot import run_oneshot
-    from chat.session import ChatSession, ModelInfo
+    from chat.session import ChatSession
     from models.presets import ModelLoadError, resolve_preset
 
     try:
@@ -220,10 +220,7 @@ def run(args: argparse.Namespace, chosen: Decoding, console: Console, errors: Co
     settings = make_settings(args, chosen, strategies)
     if settings.chat_template and not pair.target.tokenizer.chat_template:
         errors.print("the target's tokenizer has no chat template: raw completion", style="yellow")
-    parameter = next(pair.target.model.parameters())
-    info = ModelInfo(target=pair.target.label, drafter=pair.drafter.label if pair.drafter else None,
-                     dtype=str(parameter.dtype).removeprefix("torch."), device=str(parameter.device),
-                     target_format=pair.target.format, drafter_format=pair.drafter.format if pair.drafter else "")
+    info = model_info(pair)
     session = ChatSession(pair.target.tokenizer, pair.target.model, pair.drafter.model if pair.drafter else None,
                           pair.end_ids, settings, drafter_prefill_model=pair.drafter.dense if pair.drafter else None,
                           heads=heads)
@@ -244,6 +241,24 @@ def run(args: argparse.Namespace, chosen: Decoding, console: Console, errors: Co
             raise InputError(str(error)) from None
     app = ChatApp(session, console, info, history_file(args.cache_dir), compare=not args.no_compare, debug=args.debug)
     return app.run()
+
+
+def model_info(pair):
+    """What the banner, /save and the JSON say of the loaded pair: each model's device, and where device maps put
+    the layers."""
+    from chat.session import ModelInfo
+    from utils.caching import input_device
+
+    target = pair.target.model
+    devices = [str(input_device(target))]
+    if pair.drafter is not None and str(input_device(pair.drafter.model)) != devices[0]:
+        devices.append(f"drafter {input_device(pair.drafter.model)}")
+    placed = [f"{name} {model.placement}" for name, model in (("target", pair.target), ("drafter", pair.drafter))
+              if model is not None and model.placement]
+    return ModelInfo(target=pair.target.label, drafter=pair.drafter.label if pair.drafter else None,
+                     dtype=str(target.dtype).removeprefix("torch."), device=", ".join(devices),
+                     target_format=pair.target.format, drafter_format=pair.drafter.format if pair.drafter else "",
+                     placement="; ".join(placed))
 
 
 @dataclass(frozen=True)

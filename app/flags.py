@@ -14,11 +14,13 @@ from pathlib import Path
 from typing import Any
 
 from app.settings import SETTINGS, Setting, flag_of
+from models.placement import DEVICE_MAP_NAMES, Placement, check_device_map_name, parse_max_memory
 from models.presets import QUANTIZE_CHOICES, ModelLoadError, check_device_name, check_dtype_name, check_preset_name
 from sampling.base import DecodeConfig
 from sampling.settings import CALIBRATED, StrategySettings
 from utils.checks import SettingError, integer
 from utils.logits_processor import make_processor
+from utils.paths import output_dir_problem
 
 
 class FlagError(Exception):
@@ -42,6 +44,20 @@ def add_model_flags(group: argparse._ActionsContainer) -> None:
                "on CUDA (default: the preset's)")
     group.add_argument("--target-quantize", choices=QUANTIZE_CHOICES, help=f"target weights; {low_bit}")
     group.add_argument("--drafter-quantize", choices=QUANTIZE_CHOICES, help=f"drafter weights; {low_bit}")
+    placed = ("accelerate's big-model inference: auto fills the GPUs in order, then the CPU, then disk; balanced "
+              "spreads the layers evenly over the GPUs; a device name puts the whole model there. Dense weights only "
+              "(the preset's low-bit formats give way to them)")
+    group.add_argument("--device-map", metavar="MAP",
+                       help=f"where the target's layers go: {DEVICE_MAP_NAMES}; {placed}")
+    group.add_argument("--max-memory", metavar="DEV=SIZE,...",
+                       help="with --device-map auto or balanced: the most each device holds of the target "
+                            "(0=20GiB,cpu=40GiB; accelerate's max_memory: only the devices named hold weights)")
+    group.add_argument("--drafter-device-map", metavar="MAP",
+                       help="where the drafter's layers go, as --device-map (it may run on another device than the "
+                            "target: only tokens cross)")
+    group.add_argument("--drafter-max-memory", metavar="DEV=SIZE,...", help="as --max-memory, for the drafter")
+    group.add_argument("--offload-dir", type=Path, metavar="DIR",
+                       help="where weights that fit on no device are kept (disk offload; read back layer by layer)")
     group.add_argument("--head", action="append", metavar="DIR",
                        help="a trained draft head for the eagle or medusa strategy (train_head.py makes one; "
                             "repeat for both kinds); default: the heads the project ships for the target; "
@@ -95,6 +111,8 @@ class ModelChoice:
     target_quantize: str
     drafter_quantize: str
     preset: str | None  # None: --target replaced the preset
+    target_placement: Placement | None = None  # --device-map and friends; None: on `device`
+    drafter_placement: Placement | None = None
 
 
 def check_model_names(args: argparse.Namespace) -> None:
@@ -104,8 +122,38 @@ def check_model_names(args: argparse.Namespace) -> None:
         check_dtype_name(args.dtype)
         if args.device is not None:
             check_device_name(args.device)
+        placements(args)
     except ModelLoadError as error:
         raise FlagError(str(error)) from None
+
+
+def placements(args: argparse.Namespace) -> tuple[Placement | None, Placement | None]:
+    """The target's and the drafter's placement from --device-map, --max-memory, --offload-dir and the drafter's;
+    ModelLoadError (one line, naming the flag) for a wrong one."""
+    def one(map_flag: str, memory_flag: str) -> Placement | None:
+        device_map, memory = getattr(args, _dest(map_flag)), getattr(args, _dest(memory_flag))
+        if device_map is None:
+            if memory is not None:
+                raise ModelLoadError(f"{memory_flag} needs {map_flag} auto or balanced")
+            return None
+        placement = Placement(check_device_map_name(device_map, map_flag),
+                              parse_max_memory(memory, memory_flag) if memory is not None else {}, args.offload_dir)
+        if memory is not None and not placement.computed:
+            raise ModelLoadError(f"{memory_flag} needs {map_flag} auto or balanced, not a whole device "
+                                 f"({placement.device_map})")
+        return placement
+
+    chosen = one("--device-map", "--max-memory"), one("--drafter-device-map", "--drafter-max-memory")
+    if args.offload_dir is not None:
+        if not any(p is not None and p.computed for p in chosen):
+            raise ModelLoadError("--offload-dir needs --device-map (or --drafter-device-map) auto or balanced")
+        if (problem := output_dir_problem(args.offload_dir, "--offload-dir")):
+            raise ModelLoadError(problem)
+    return chosen
+
+
+def _dest(flag: str) -> str:
+    return flag.removeprefix("--").replace("-", "_")
 
 
 def model_choice(args: argparse.Namespace, resolve_preset) -> ModelChoice:
@@ -119,8 +167,12 @@ def model_choice(args: argparse.Namespace, resolve_preset) -> ModelChoice:
         target_q, drafter_q, preset = resolved.target_quantize, resolved.drafter_quantize, resolved.name
     if drafter is not None and drafter.lower() == "none":
         drafter = None
-    return ModelChoice(target, drafter, args.device or device, args.target_quantize or target_q,
-                       args.drafter_quantize or drafter_q, preset)
+    target_placement, drafter_placement = placements(args)
+    # a placed model loads its dense weights: the preset's low-bit format gives way, a flag's is the loader's to refuse
+    target_q = args.target_quantize or ("none" if target_placement else target_q)
+    drafter_q = args.drafter_quantize or ("none" if drafter_placement else drafter_q)
+    return ModelChoice(target, drafter, args.device or device, target_q, drafter_q, preset, target_placement,
+                       drafter_placement)
 
 
 @dataclass(frozen=True)

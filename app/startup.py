@@ -44,7 +44,8 @@ def load(args: argparse.Namespace, choice: ModelChoice, progress: bool) -> tuple
     pair = load_pair(choice.target, choice.drafter, device=choice.device, dtype=args.dtype,
                      target_quantize=choice.target_quantize, drafter_quantize=choice.drafter_quantize,
                      trust_remote_code=args.trust_remote_code, cache_dir=args.cache_dir, verify=args.verify,
-                     progress=progress)
+                     progress=progress, target_placement=choice.target_placement,
+                     drafter_placement=choice.drafter_placement)
     return pair, load_heads(args.head, pair.target.name, pair.target.model)
 
 

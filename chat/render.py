@@ -240,7 +240,7 @@ def banner(info: ModelInfo, session: ChatSession, compare: bool) -> Panel:
         "drafter": (info.drafter or "none") + (f" · {info.drafter_format}" if info.drafter_format else "")
                    + (f" · step {session.compile_status}" if session.compile_status else ""),
         "heads": describe_heads(session.heads),
-        "device": info.device,
+        "device": info.device + (f" · {info.placement}" if info.placement else ""),
         "drafting": (f"calibrated for this machine: {session.tuning.summary(settings.strategy)} (/stats: why)"
                      if session.tuning else f"not calibrated: gamma {settings.strategy.gamma}, verify width "
                                             f"{settings.strategy.verify_width} (/calibrate)"),

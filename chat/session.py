@@ -55,6 +55,7 @@ class ModelInfo:
     device: str
     target_format: str = ""  # "float32, oneDNN-prepacked", "int4 weights, bfloat16 activations", ...
     drafter_format: str = ""
+    placement: str = ""  # where device maps put the layers ("target cpu: layers 0-1 · disk: layers 2-3"); "" if not
 
 
 @dataclass(frozen=True)

@@ -24,6 +24,7 @@ from models.formats.prepack import available as prepack_available
 from models.formats.prepack import is_prepacked, prepack
 from models.formats.quantize import activation_dtype, quantize_weights, resolve_quantize
 from models.gguf import pip_install_command
+from models.placement import Placement, describe, plan
 from models.presets import EMBEDDED, ModelLoadError, default_cache_dir
 from models.store import embedded_gguf, embedded_hf_dir, gguf_file_hf_dir
 from models.vocab import check_same_vocab, end_token_ids
@@ -38,6 +39,7 @@ class LoadedModel:
     source: str  # the directory the weights were read from, or the Hub id
     quantize: str = "none"  # what was applied: "none" | "int8" | "int4" | "q4k" | "gguf" | "q8_0"
     dense: PreTrainedModel | None = None  # a quantized model's weights before quantizing, when asked for (prefill)
+    placement: str = ""  # where a device map put its layers (`models.placement.describe`); "" on one device
 
     @property
     def label(self) -> str:
@@ -82,14 +84,20 @@ def load_model(
     cache_dir: Path | None = None,
     verify: bool = False,
     progress: bool = True,
+    placement: Placement | None = None,
 ) -> LoadedModel:
     """Load `spec` (embedded name, saved directory, .gguf file or Hub id) in eval mode on `device`.
+
+    `placement`: the model's layers where its device map puts them (`models.placement`), instead of on `device`: dense
+    weights only (quantize "auto" loads them; another format is refused in one line).
 
     `keep_dense`: a quantized model also keeps its dense weights as `dense` (for prefill: see `CachedModel`).
     `verify`: check the sha256 of every file of a converted copy (their sizes are checked on every load).
     "gguf" where the kernels cannot run, or for a model without a GGUF file, says so in one line and loads the
     model's dense weights; "auto" takes gguf where it can, else on a CPU q8_0 or int4, whichever this machine runs
     the model's layers faster in (`models.formats.choice`)."""
+    if placement is not None:
+        return _load_placed(spec, placement, dtype, quantize, trust_remote_code, cache_dir, verify, progress)
     torch_device = resolve_device(device)
     compute_dtype = resolve_dtype(dtype, torch_device)  # dense weights: the machine's (or the asked) dtype
     asked = quantize
@@ -140,6 +148,29 @@ def load_model(
             prepack(weights)
     return LoadedModel(model=model, tokenizer=tokenizer, name=source.name, source=source.location, quantize=quantize,
                        dense=dense)
+
+
+def _load_placed(spec: str, placement: Placement, dtype: str, quantize: str, trust_remote_code: bool,
+                 cache_dir: Path | None, verify: bool, progress: bool) -> LoadedModel:
+    """A dense model split (or put whole) by its device map; the map is computed, and checked, before any weight is
+    read."""
+    if quantize not in ("none", "auto"):
+        raise ModelLoadError(f"{quantize} weights run on one device with the project's own layers, and a device map "
+                             "places a dense checkpoint's layers. Fix: drop --device-map, or use none (or auto).")
+    # the dtype of the device the map fills first; a named device is checked as --device is
+    torch_dtype = resolve_dtype(dtype, resolve_device("auto" if placement.computed else placement.device_map))
+    cache_root = Path(cache_dir) if cache_dir is not None else default_cache_dir()
+    with _transformers_progress(progress):
+        source = _resolve_source(spec, cache_root, progress, verify)
+        try:
+            device_map = plan(source.location, placement, torch_dtype, trust_remote_code, _hub_offline())
+        except (OSError, ValueError) as error:
+            raise _load_failure(spec, source, error) from error
+        model, tokenizer = _from_pretrained(spec, source, torch_dtype, trust_remote_code, device_map=device_map,
+                                            offload_folder=placement.offload_dir)
+    model.eval()
+    return LoadedModel(model=model, tokenizer=tokenizer, name=source.name, source=source.location,
+                       placement=describe(model))
 
 
 def _gguf_file(spec: str, source: _Source, cache_root: Path, progress: bool) -> Path | None:
@@ -216,12 +247,13 @@ def _looks_like_path(spec: str) -> bool:
 
 
 def _from_pretrained(
-    spec: str, source: _Source, dtype: torch.dtype | str, trust_remote_code: bool
+    spec: str, source: _Source, dtype: torch.dtype | str, trust_remote_code: bool, **placed
 ) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+    """`placed`: from_pretrained's device_map and offload_folder, for a placed model."""
     # why: huggingface_hub reads HF_HUB_OFFLINE once at import; honour it when set later too.
     options = {"trust_remote_code": trust_remote_code, "local_files_only": _hub_offline()}
     try:
-        model = AutoModelForCausalLM.from_pretrained(source.location, dtype=dtype, **options)
+        model = AutoModelForCausalLM.from_pretrained(source.location, dtype=dtype, **options, **placed)
         tokenizer = AutoTokenizer.from_pretrained(source.location, **options)
     except (OSError, ValueError, ImportError, SafetensorError) as error:  # SafetensorError: damaged weights
         raise _load_failure(spec, source, error) from error
@@ -297,16 +329,19 @@ def load_pair(
     cache_dir: Path | None = None,
     verify: bool = False,
     progress: bool = True,
+    target_placement: Placement | None = None,
+    drafter_placement: Placement | None = None,
 ) -> LoadedPair:
     """Load a target and an optional drafter on one device and dtype; their vocabularies must match.
 
-    A quantized drafter keeps its dense weights too (`drafter.dense`): prompts are prefilled with them."""
+    A quantized drafter keeps its dense weights too (`drafter.dense`): prompts are prefilled with them. Each model
+    may have a device map of its own (`*_placement`): the drafter may run on another device than the target."""
     load = functools.partial(load_model, device=device, dtype=dtype, trust_remote_code=trust_remote_code,
                              cache_dir=cache_dir, verify=verify, progress=progress)
-    loaded_target = load(target, quantize=target_quantize)
+    loaded_target = load(target, quantize=target_quantize, placement=target_placement)
     loaded_drafter = None
     if drafter is not None:
-        loaded_drafter = load(drafter, quantize=drafter_quantize, keep_dense=True)
+        loaded_drafter = load(drafter, quantize=drafter_quantize, keep_dense=True, placement=drafter_placement)
         check_same_vocab(loaded_target.tokenizer, loaded_drafter.tokenizer)
     end_ids = end_token_ids(loaded_target.tokenizer, loaded_target.model.generation_config)
     return LoadedPair(target=loaded_target, drafter=loaded_drafter, end_ids=end_ids)

@@ -417,6 +417,12 @@ def load_heads(specs: list[str] | None, target_name: str, model) -> dict[str, Dr
     cost, docs/heads.md), elsewhere in the target's dtype."""
     if specs and any(spec.strip().lower() == "none" for spec in specs):
         return {}
+    if len(set((getattr(model, "hf_device_map", None) or {}).values())) > 1:
+        # a head reads the target's embedding and output rows on one device; the shipped ones are left out
+        if specs:
+            raise ModelLoadError("draft heads need the target on one device, and --device-map split it. Fix: drop "
+                                 "--head, or give the target one device (--device-map cuda:0 or cpu).")
+        return {}
     paths = [Path(spec) for spec in specs] if specs else shipped_heads(target_name)
     on_cpu = model.device.type == "cpu"
     dtype = torch.float32 if on_cpu else model.dtype

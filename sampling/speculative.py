@@ -42,6 +42,7 @@ class Speculative(Strategy):
         check_prompt(prompt_ids, self.target.max_length, self.drafter.max_length)
         clock, generator, processor = Clock(), config.make_generator(self.target.device), config.processor
         accept = acceptance_rule(processor, generator, self.typical)
+        draft_generator = self._draft_generator(generator, config)
         ids, budget = list(prompt_ids), config.max_new_tokens
         limit = min(self.target.max_length, self.drafter.max_length)
         self.drafter.start(ids)
@@ -49,7 +50,8 @@ class Speculative(Strategy):
             # 1. Draft: a chain or a tree; no deeper than the budget can take after the target's own token, nor than
             # the context has room for (the verify forward puts the deepest node at position len(ids) - 1 + depth).
             room = limit - len(ids)
-            draft = self.drafter.propose(ids, min(self.gamma, budget - 1, room), processor, generator).within(room)
+            draft = self.drafter.propose(ids, min(self.gamma, budget - 1, room), processor,
+                                         draft_generator).within(room)
             # 2. Verify every drafted token and the bonus position in one target forward: (1 + len(draft), V).
             logits = (self.target.extend(ids + draft.tokens, keep=len(draft) + 1) if draft.parents is None
                       else self.target.extend_tree(ids, draft.tokens, draft.parents))
@@ -67,6 +69,14 @@ class Speculative(Strategy):
                         extra=draft.extra(tokens[: len(path)]))
             if finished:
                 return
+
+    def _draft_generator(self, generator: torch.Generator, config: DecodeConfig) -> torch.Generator:
+        """The target's generator, or for a drafter on another device one of its own there, seeded alike: tokens
+        cross between devices, caches and generators do not."""
+        devices = {lm.device for lm in self.drafter.models}
+        if len(devices) != 1 or self.target.device in devices:
+            return generator
+        return config.make_generator(devices.pop())
 
 
 # An acceptance rule: the accepted drafts as indices into `draft.tokens` (a prefix of a chain, a path of a tree) and
@@ -96,7 +106,8 @@ def acceptance_rule(processor: LogitsProcessor, generator: torch.Generator | Non
     def sampled(draft: Draft, logits: Tensor) -> tuple[list[int], int]:
         x, parents = tensors(draft, logits)
         if parents is None:
-            accepted, token = accept_stochastic(x, processor.probs(logits), draft.q, generator)
+            q = None if draft.q is None else draft.q.to(logits.device)  # a drafter may run on another device
+            accepted, token = accept_stochastic(x, processor.probs(logits), q, generator)
             return draft.path(accepted - 1), token
         last, token = accept_tree_stochastic(x, parents, processor.probs(logits), generator)
         return draft.path(last), token

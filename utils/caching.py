@@ -49,6 +49,13 @@ def tree_attention(parents: list[int]) -> tuple[Tensor, Tensor]:
     return sees, torch.tensor(depth, dtype=torch.long)
 
 
+def input_device(model) -> torch.device:
+    """Where a model's input ids go: its first weight's device; the CPU for a weight accelerate offloaded to disk
+    (a meta tensor), whose hooks move each layer's inputs to where it runs and the outputs back to the inputs'."""
+    device = next(model.parameters()).device
+    return torch.device("cpu") if device.type == "meta" else device
+
+
 def common_prefix_length(a: list[int], b: list[int]) -> int:
     n = min(len(a), len(b))
     if a[:n] == b[:n]:
@@ -86,7 +93,7 @@ class CachedModel:
         self.tokens: list[int] = []
         self.forwards = 0
         self.min_rows = 1
-        self.device = next(model.parameters()).device
+        self.device = input_device(model)
         self.keeps_hidden = False
         self._hidden: Tensor | None = None  # (capacity, H) float32; rows beyond len(tokens) are stale
 
@@ -251,15 +258,16 @@ class CachedModel:
         """
         moved = next((i for i, r in enumerate(rows) if r != length + i), len(rows))
         if moved < len(rows):
-            src = torch.tensor(rows[moved:], device=self.device)
+            src = torch.tensor(rows[moved:])
             dst = slice(length + moved, length + len(rows))
             for layer in self.cache.layers:  # no public Cache API moves positions; full-attention layers only
                 if (not isinstance(layer, CacheLayerMixin) or getattr(layer, "is_sliding", False)
                         or layer.keys is None or layer.values is None):
                     raise NotImplementedError("moving cached rows needs full-attention cache layers")
-                layer.keys[..., dst, :] = layer.keys[..., src, :]
-                layer.values[..., dst, :] = layer.values[..., src, :]
+                at = src.to(layer.keys.device)  # each layer's cache stays on its layer's device (a split model)
+                layer.keys[..., dst, :] = layer.keys[..., at, :]
+                layer.values[..., dst, :] = layer.values[..., at, :]
             self.tokens[dst] = [self.tokens[r] for r in rows[moved:]]
             if self.keeps_hidden and self._hidden is not None:
-                self._hidden[dst] = self._hidden[src]
+                self._hidden[dst] = self._hidden[src.to(self._hidden.device)]
         self.crop(length + len(rows))
