@@ -38,7 +38,7 @@ from app.flags import (
 
 # Only what the flags need: torch and transformers are imported once the flags are checked (main), so that a bad flag
 # is refused at once, not after seconds of imports.
-from benchmarks.names import HF_BASELINES, LLAMACPP, REFERENCE
+from benchmarks.names import HF_BASELINES, LLAMACPP, NEEDS_SAME_VOCAB, REFERENCE
 from benchmarks.prompts import DEFAULT_PROMPTS, Prompt, load_prompts
 from models.presets import ModelLoadError, default_cache_dir, resolve_preset
 from sampling.settings import NEEDS_DRAFTER, NEEDS_HEAD, STRATEGIES, StrategySettings
@@ -275,8 +275,10 @@ def load_models(args: argparse.Namespace) -> Models:
         print(f"warning: {args.decoding.ignored}", file=sys.stderr)
     choice, universal_spec = model_specs(args)
     pair, heads = load(args, choice, progress=not args.no_progress)
-    universal = None
-    if "hf_universal" in selected_strategies(args)[1] and universal_spec:
+    if pair.vocab_notice:
+        print(f"note: {pair.vocab_notice}", file=sys.stderr)
+    universal = pair.drafter if pair.tokenizers else None  # a drafter of another tokenizer is hf_universal's own
+    if "hf_universal" in selected_strategies(args)[1] and universal_spec and universal is None:
         universal = load_model(universal_spec, device=choice.device, dtype=args.dtype,
                                trust_remote_code=args.trust_remote_code, cache_dir=args.cache_dir,
                                progress=not args.no_progress)
@@ -317,10 +319,17 @@ def build_contestants(args: argparse.Namespace, models: Models, started: Started
             skipped.append({"name": name, "reason": "no drafter model loaded"})
         elif name in NEEDS_HEAD and name not in models.heads:
             skipped.append({"name": name, "reason": f"no trained {name} head (--head DIR; train_head.py makes one)"})
+        elif name == "drafter" and models.pair.tokenizers:
+            skipped.append({"name": name, "reason": "the drafter has another tokenizer than the target's"})
         else:
-            strategy = build_strategy(name, target_lm, drafter_lm, settings, models.heads)
+            strategy = build_strategy(name, target_lm, drafter_lm, settings, models.heads, models.pair.tokenizers)
             contestants.append(OurStrategy(strategy, cached, asdict(settings), name in NEEDS_DRAFTER))
-    baselines, hf_skipped = build_hf_baselines([n for n in others if n in HF_BASELINES], models.pair.target,
+    hf_names = [n for n in others if n in HF_BASELINES]
+    if models.pair.tokenizers:  # HF's assisted generation with one tokenizer cannot take this drafter
+        skipped += [{"name": n, "reason": "the drafter has another tokenizer (hf_universal runs it)"}
+                    for n in hf_names if n in NEEDS_SAME_VOCAB]
+        hf_names = [n for n in hf_names if n not in NEEDS_SAME_VOCAB]
+    baselines, hf_skipped = build_hf_baselines(hf_names, models.pair.target,
                                                models.pair.drafter, models.universal, gamma=settings.gamma,
                                                lookup_max_ngram=settings.lookup_max_ngram)
     contestants += baselines

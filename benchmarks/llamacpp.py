@@ -151,6 +151,8 @@ def for_pair(name: str, pair: LoadedPair, cache_dir: Path) -> tuple[LlamaCpp | N
         return None, "llama.cpp runs the embedded models' GGUF files: load an embedded pair"
     if name == "llamacpp_speculative" and pair.drafter is None:
         return None, "no drafter model loaded"
+    if name == "llamacpp_speculative" and pair.tokenizers:
+        return None, "llama.cpp's speculative decoding needs a drafter with the target's vocabulary"
     ggufs = [embedded_gguf(EMBEDDED[n], cache_dir) for n in names]
     tokenizer = pair.target.tokenizer
     return LlamaCpp(name, binary(cache_dir, name), ggufs[0], ggufs[1] if len(ggufs) > 1 else None,

@@ -27,7 +27,7 @@ from models.gguf import pip_install_command
 from models.placement import Placement, describe, plan
 from models.presets import EMBEDDED, ModelLoadError, default_cache_dir
 from models.store import embedded_gguf, embedded_hf_dir, gguf_file_hf_dir
-from models.vocab import check_same_vocab, end_token_ids
+from models.vocab import end_token_ids, vocab_notice
 from utils.errors import one_line
 
 
@@ -173,6 +173,22 @@ def _load_placed(spec: str, placement: Placement, dtype: str, quantize: str, tru
                        placement=describe(model))
 
 
+@dataclass(frozen=True)
+class ModelFiles:
+    name: str  # as the loaded model is named (the shipped heads are found by it)
+    folder: str  # what from_pretrained reads: a converted copy's folder, a saved directory, or the Hub id
+    gguf: str | None  # an embedded model's GGUF (assembled once) or the .gguf given; None for other kinds
+
+
+def model_files(spec: str, cache_dir: Path | None = None, progress: bool = True, verify: bool = False) -> ModelFiles:
+    """Where `spec`'s files are on disk, without loading its weights."""
+    cache_root = Path(cache_dir) if cache_dir is not None else default_cache_dir()
+    with _transformers_progress(progress):
+        source = _resolve_source(spec, cache_root, progress, verify)
+        gguf = _gguf_file(spec, source, cache_root, progress)
+    return ModelFiles(source.name, source.location, None if gguf is None else str(gguf))
+
+
 def _gguf_file(spec: str, source: _Source, cache_root: Path, progress: bool) -> Path | None:
     """The GGUF file the model was converted from (an embedded model's assembled once), or None for other kinds."""
     if source.kind == "embedded":
@@ -315,6 +331,14 @@ class LoadedPair:
     target: LoadedModel
     drafter: LoadedModel | None
     end_ids: tuple[int, ...]
+    vocab_notice: str | None = None  # the drafter has another tokenizer (it drafts text): the line that says so
+
+    @property
+    def tokenizers(self) -> tuple[PreTrainedTokenizerBase, PreTrainedTokenizerBase] | None:
+        """(target's, drafter's) tokenizers where the drafter's vocabulary differs (`build_strategy` takes them)."""
+        if self.drafter is None or self.vocab_notice is None:
+            return None
+        return self.target.tokenizer, self.drafter.tokenizer
 
 
 def load_pair(
@@ -332,16 +356,17 @@ def load_pair(
     target_placement: Placement | None = None,
     drafter_placement: Placement | None = None,
 ) -> LoadedPair:
-    """Load a target and an optional drafter on one device and dtype; their vocabularies must match.
+    """Load a target and an optional drafter on one device and dtype; a drafter of another vocabulary is taken
+    with `vocab_notice` saying so.
 
     A quantized drafter keeps its dense weights too (`drafter.dense`): prompts are prefilled with them. Each model
     may have a device map of its own (`*_placement`): the drafter may run on another device than the target."""
     load = functools.partial(load_model, device=device, dtype=dtype, trust_remote_code=trust_remote_code,
                              cache_dir=cache_dir, verify=verify, progress=progress)
     loaded_target = load(target, quantize=target_quantize, placement=target_placement)
-    loaded_drafter = None
+    loaded_drafter, notice = None, None
     if drafter is not None:
         loaded_drafter = load(drafter, quantize=drafter_quantize, keep_dense=True, placement=drafter_placement)
-        check_same_vocab(loaded_target.tokenizer, loaded_drafter.tokenizer)
+        notice = vocab_notice(loaded_target.tokenizer, loaded_drafter.tokenizer)
     end_ids = end_token_ids(loaded_target.tokenizer, loaded_target.model.generation_config)
-    return LoadedPair(target=loaded_target, drafter=loaded_drafter, end_ids=end_ids)
+    return LoadedPair(target=loaded_target, drafter=loaded_drafter, end_ids=end_ids, vocab_notice=notice)

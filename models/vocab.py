@@ -1,4 +1,4 @@
-"""What the target and the drafter must share (one vocabulary) and the token ids that end a reply."""
+"""Whether the target and the drafter share one vocabulary, and the token ids that end a reply."""
 
 from __future__ import annotations
 
@@ -6,25 +6,21 @@ from collections.abc import Iterable
 
 from transformers import GenerationConfig, PreTrainedTokenizerBase
 
-from models.presets import ModelLoadError
-
 # Tokens that close a chat turn in common templates. "<|endoftext|>" is left out on purpose: it ends
 # a turn only where it is the eos token, and then the eos ids already hold it.
 END_OF_TURN_TOKENS = ("<|im_end|>", "<|eot_id|>", "<|end|>", "<end_of_turn>")
 
 
-def check_same_vocab(target_tok: PreTrainedTokenizerBase, drafter_tok: PreTrainedTokenizerBase) -> None:
-    """Token -> id mappings must be equal (embedding rows padded past the vocabulary do not matter)."""
+def vocab_notice(target_tok: PreTrainedTokenizerBase, drafter_tok: PreTrainedTokenizerBase) -> str | None:
+    """None where the token -> id mappings are equal (embedding rows padded past the vocabulary do not matter);
+    else the one line that says the drafter drafts text for the target."""
     target_vocab, drafter_vocab = target_tok.get_vocab(), drafter_tok.get_vocab()
     if target_vocab == drafter_vocab:
-        return
+        return None
     differing = len(set(target_vocab.items()) ^ set(drafter_vocab.items()))
-    raise ModelLoadError(
-        f"The target and drafter tokenizers differ (target {target_tok.name_or_path!r}: {len(target_vocab)} tokens, "
-        f"drafter {drafter_tok.name_or_path!r}: {len(drafter_vocab)} tokens, {differing} token->id entries "
-        "not shared); speculative decoding needs one vocabulary. Fix: pick a drafter from the target's model "
-        "family (e.g. --preset embedded)."
-    )
+    return (f"the drafter's tokenizer differs from the target's (target {target_tok.name_or_path!r}: "
+            f"{len(target_vocab)} tokens, drafter {drafter_tok.name_or_path!r}: {len(drafter_vocab)} tokens, "
+            f"{differing} token->id entries not shared): its drafts go to the target as text, re-tokenized")
 
 
 def end_token_ids(tokenizer: PreTrainedTokenizerBase, generation_config: GenerationConfig | None) -> tuple[int, ...]:

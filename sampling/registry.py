@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
+from models.retokenize import Retokenizer
 from sampling.autoregressive import Autoregressive
 from sampling.base import Strategy
 from sampling.beam_search import BeamSearch
 from sampling.drafters.combined import CombinedDrafter
+from sampling.drafters.cross import CrossVocabDrafter
 from sampling.drafters.eagle import EagleDrafter
 from sampling.drafters.lookahead import LookaheadDrafter
 from sampling.drafters.medusa import MedusaDrafter
@@ -17,12 +21,19 @@ from sampling.settings import NEEDS_DRAFTER, NEEDS_HEAD, STRATEGIES, StrategySet
 from sampling.speculative import Speculative
 from utils.caching import CachedModel
 
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
+
+    from sampling.drafters.base import Drafter
+
 
 def build_strategy(name: str, target: CachedModel, drafter: CachedModel | None,
                    settings: StrategySettings = StrategySettings(),
-                   heads: dict[str, DraftHead] | None = None) -> Strategy:
+                   heads: dict[str, DraftHead] | None = None,
+                   tokenizers: tuple[PreTrainedTokenizerBase, PreTrainedTokenizerBase] | None = None) -> Strategy:
     """`target` and `drafter` are the long-lived cached models (their caches carry over between prompts); `heads`
-    the loaded draft heads by kind."""
+    the loaded draft heads by kind; `tokenizers` the target's and the drafter's where their vocabularies differ
+    (the drafter then drafts text, `CrossVocabDrafter`)."""
     if name not in STRATEGIES:
         raise ValueError(f"unknown strategy {name!r}; choose from {', '.join(STRATEGIES)}")
     if name in NEEDS_DRAFTER and drafter is None:
@@ -42,14 +53,19 @@ def build_strategy(name: str, target: CachedModel, drafter: CachedModel | None,
         return Autoregressive(target)
     if name == "drafter":
         assert drafter is not None  # NEEDS_DRAFTER: checked above
+        if tokenizers is not None:
+            raise ValueError("strategy 'drafter' runs the drafter on the target's tokens: it needs a drafter with "
+                             "the target's tokenizer")
         return Autoregressive(drafter, name="drafter")
     if name == "beam":
         return BeamSearch(target.model, s.num_beams, s.beam_top_k, s.length_penalty, s.min_length)
 
-    def model_drafter() -> ModelDrafter:
+    def model_drafter() -> Drafter:
         assert drafter is not None  # NEEDS_DRAFTER: checked above
-        return ModelDrafter(drafter, target.vocab_size, s.draft_confidence, s.draft_adaptive, s.draft_alternatives,
+        vocab_size = target.vocab_size if tokenizers is None else drafter.vocab_size
+        made = ModelDrafter(drafter, vocab_size, s.draft_confidence, s.draft_adaptive, s.draft_alternatives,
                             s.draft_cumulative, s.verify_width - 1)
+        return made if tokenizers is None else CrossVocabDrafter(made, Retokenizer(*tokenizers))
 
     drafters = {
         "speculative": model_drafter,

@@ -7,6 +7,7 @@ the real SmolLM2-135M GGUF from its wheel once per session (about 25 s) and then
 
 import hashlib
 import json
+import re
 import shutil
 import socket
 import subprocess
@@ -33,7 +34,7 @@ from models.formats.quantize import resolve_quantize
 from models.loading import LoadedModel, load_model, load_pair
 from models.presets import EMBEDDED, PRESETS, EmbeddedModel, ModelLoadError, Preset, default_cache_dir, resolve_preset
 from models.store import CacheLayout, is_complete
-from models.vocab import check_same_vocab, end_token_ids
+from models.vocab import end_token_ids, vocab_notice
 from tests.helpers import WORD_CHAT_TEMPLATE, save_tiny_checkpoint, word_tokenizer, write_q4k_gguf
 from utils.errors import REASON_CHARS, one_line
 
@@ -656,19 +657,29 @@ def test_embedded_wheels_are_located_without_importing_them():
 # Vocabulary and end tokens
 
 
-def test_same_vocab_passes_and_different_vocab_names_both_sizes():
-    check_same_vocab(word_tokenizer(), word_tokenizer())
-    with pytest.raises(ModelLoadError, match="64 tokens.*60 tokens"):
-        check_same_vocab(word_tokenizer(words=59), word_tokenizer(words=55))
+def test_same_vocab_has_no_notice_and_a_different_one_names_both_sizes():
+    assert vocab_notice(word_tokenizer(), word_tokenizer()) is None
+    assert re.search("64 tokens.*60 tokens.*re-tokenized", vocab_notice(word_tokenizer(words=59),
+                                                                      word_tokenizer(words=55)) or "")
 
 
-def test_same_size_but_remapped_vocab_is_rejected():
+def test_same_size_but_remapped_vocab_is_told_apart():
     target, drafter = word_tokenizer(words=60), word_tokenizer(words=59)
     drafter.add_tokens(["other"])  # id 64 is "w59" in the target, "other" in the drafter
 
     assert len(target.get_vocab()) == len(drafter.get_vocab()) == 65
-    with pytest.raises(ModelLoadError, match="2 token->id entries"):
-        check_same_vocab(target, drafter)
+    assert "2 token->id entries" in (vocab_notice(target, drafter) or "")
+
+
+def test_a_drafter_of_another_tokenizer_is_loaded_with_its_notice(tmp_path, tiny_dir):
+    other = save_tiny_checkpoint(tmp_path / "other", seed=1, max_positions=64)  # a byte-level BPE vocabulary
+
+    pair = load_pair(str(tiny_dir), str(other), device="cpu", dtype="float32", progress=False)
+
+    assert pair.vocab_notice is not None and "re-tokenized" in pair.vocab_notice
+    assert pair.tokenizers == (pair.target.tokenizer, pair.drafter.tokenizer)
+    same = load_pair(str(tiny_dir), str(tiny_dir), device="cpu", dtype="float32", progress=False)
+    assert same.vocab_notice is None and same.tokenizers is None
 
 
 def test_pair_with_padded_drafter_embeddings_is_accepted(tmp_path, tiny_dir):
@@ -742,14 +753,13 @@ def test_smollm2_end_ids_from_its_real_tokenizer(smollm2_first_load):
 
 
 @pytest.mark.slow
-def test_smollm2_pair_loads_from_cache_and_rejects_a_foreign_tokenizer(smollm2_first_load):
+def test_smollm2_pair_loads_from_cache_and_tells_a_foreign_tokenizer(smollm2_first_load):
     cache = smollm2_first_load.cache
     pair = load_pair("smollm2-135m", "smollm2-135m", device="cpu", dtype="float32", cache_dir=cache, progress=False)
 
     assert pair.target.model.dtype == pair.drafter.model.dtype == torch.float32
     assert pair.end_ids == (pair.target.tokenizer.convert_tokens_to_ids("<|im_end|>"),)
-    with pytest.raises(ModelLoadError, match="49152 tokens"):
-        check_same_vocab(pair.target.tokenizer, word_tokenizer())
+    assert "49152 tokens" in (vocab_notice(pair.target.tokenizer, word_tokenizer()) or "")
 
 
 @pytest.mark.parametrize("value, expected", [("0", False), ("1", True)])

@@ -6,7 +6,6 @@ import torch
 from torch import Tensor
 
 from sampling.drafters.base import Draft, Drafter
-from sampling.drafters.model import ModelDrafter
 from sampling.drafters.prompt_lookup import PromptLookupDrafter
 from sampling.settings import check
 from utils.caching import CachedModel
@@ -19,7 +18,7 @@ class CombinedDrafter(Drafter):
 
     name = "auto"
 
-    def __init__(self, lookup: PromptLookupDrafter, model: ModelDrafter, model_gamma: int = 4, min_copy: int = 2):
+    def __init__(self, lookup: PromptLookupDrafter, model: Drafter, model_gamma: int = 4, min_copy: int = 2):
         self.lookup, self.model, self.model_gamma = lookup, model, check("gamma", model_gamma)
         self.min_copy = min_copy
         self.copied = 0  # rounds drafted by lookup
