@@ -169,12 +169,23 @@ def detail_table(rows: list[ComparisonRow]) -> Table:
                           ("drafter fwd", "right"), ("drafted", "right"), ("decode tok/s", "right"),
                           ("total", "right"), ("acceptance by draft position", "left")):
         table.add_column(name, justify=justify)
+    own = any(row.stats.extra for row in rows)
+    if own:
+        table.add_column("drafter's own", justify="left")
     for row in rows:
         s = row.stats
         by_position = " ".join(f"{a:.0%}" for a in s.acceptance_by_position) or DASH
-        table.add_row(row.strategy, str(s.rounds), str(s.target_forwards), str(s.drafter_forwards), str(s.drafted),
-                      _rate(s.decode_tokens_per_second), f"{s.total_time:.2f} s", by_position)
+        cells = [row.strategy, str(s.rounds), str(s.target_forwards), str(s.drafter_forwards), str(s.drafted),
+                 _rate(s.decode_tokens_per_second), f"{s.total_time:.2f} s", by_position]
+        table.add_row(*cells, *([own_counts(s.extra)] if own else []))
     return table
+
+
+def own_counts(extra: dict[str, int]) -> str:
+    """A drafter's own counts in words: re-tokenizing time (a drafter of another tokenizer), lookahead's pool hits."""
+    words = {"retokenize_us": lambda us: f"re-tokenizing {us / 1e3:.1f} ms",
+             "pool_hits": lambda hits: f"{hits} drafts from the pool"}
+    return " · ".join(words[key](value) if key in words else f"{key} {value}" for key, value in extra.items()) or DASH
 
 
 def session_totals(turns: list[Turn]) -> dict[str, Stats]:
