@@ -87,6 +87,11 @@ def build_parser() -> argparse.ArgumentParser:
                         help="run this file's text and exit")
     oneshot.add_argument("--json", action="store_true", help="print exactly one JSON object on stdout "
                                                               "(everything else goes to stderr)")
+    serve = p.add_argument_group("serving engines")
+    serve.add_argument("--export", nargs="+", metavar=("ENGINE", "FILE"),
+                       help="print the command that serves the target with its drafter, head or lookup settings "
+                            "(the first drafting --strategy) and --gamma on vllm, sglang or llamacpp, and exit; with "
+                            "FILE also write it there as a script (the chat's /export takes the calibrated settings)")
     p.add_argument("--verbose", "-v", action="store_true", help="library warnings and tracebacks")
     return p
 
@@ -123,12 +128,54 @@ def check_flags(args: argparse.Namespace) -> Decoding:
     """What can be checked before loading anything (loading takes seconds to minutes), without importing torch."""
     if args.json and args.prompt is None and args.prompt_file is None:
         raise InputError("--json needs --prompt or --prompt-file")
+    if args.export is not None:
+        check_export(args.export)
     parse_strategies(args.strategy, has_drafter=True)
     try:
         check_model_names(args)
         return decoding(args)
     except FlagError as error:
         raise InputError(str(error)) from None
+
+
+def check_export(words: list[str]) -> None:
+    from app.export import ENGINES
+
+    if words[0].lower() not in ENGINES or len(words) > 2:
+        raise InputError(f"--export takes an engine ({', '.join(ENGINES)}) and, to write it, a file; got "
+                         f"{' '.join(words)!r}")
+    if len(words) == 2 and Path(words[1]).exists():
+        raise InputError(f"--export: {words[1]} exists; give a new file name")
+
+
+def run_export(args: argparse.Namespace, chosen: Decoding, choice) -> int:
+    """--export: the serving command for the chosen pair, read from the models' files (no weights are loaded)."""
+    from transformers import AutoConfig
+
+    from app.export import Export, drafting_strategy, export, serving
+    from chat.transcript import write_file
+    from models.loading import model_files
+    from sampling.head_layouts import head_kind
+    from sampling.heads import shipped_heads
+
+    strategies = parse_strategies(args.strategy, choice.drafter is not None, frozenset(("eagle", "medusa")))
+    files = model_files(choice.target, args.cache_dir, progress=False)
+    heads = ([] if any(h.strip().lower() == "none" for h in args.head) else [Path(h) for h in args.head]) \
+        if args.head else shipped_heads(files.name)
+    eagle = next((str(h) for h in heads if head_kind(h) == "eagle"), None)
+    served = serving(choice.target, choice.drafter, eagle, AutoConfig.from_pretrained(files.folder), args.cache_dir)
+    result = export(args.export[0].lower(), served, strategies, chosen.strategy)
+    if drafting_strategy(strategies) and "gamma" not in chosen.explicit:
+        result.notes.append(f"gamma {chosen.strategy.gamma}: the built-in default (give --gamma, or use /export in "
+                            "the chat for the one calibrated on this machine)")
+    print(result.command)
+    for note in result.notes:
+        print(f"note: {note}", file=sys.stderr)
+    if len(args.export) == 2:
+        write_file(Path(args.export[1]), Export(result.engine, result.argv, result.notes).script())
+        Path(args.export[1]).chmod(0o755)
+        print(f"wrote {args.export[1]}", file=sys.stderr)
+    return 0
 
 
 def history_file(cache_dir: Path | None) -> Path:
@@ -207,6 +254,8 @@ def run(args: argparse.Namespace, chosen: Decoding, console: Console, errors: Co
     try:
         choice = model_choice(args, resolve_preset)
         parse_strategies(args.strategy, choice.drafter is not None)
+        if args.export is not None:
+            return run_export(args, chosen, choice)
         if not one_shot:
             errors.print(f"loading {choice.target}" + (f" + {choice.drafter}" if choice.drafter else "") + " …",
                           style="dim", markup=False)
@@ -220,7 +269,7 @@ def run(args: argparse.Namespace, chosen: Decoding, console: Console, errors: Co
     settings = make_settings(args, chosen, strategies)
     if settings.chat_template and not pair.target.tokenizer.chat_template:
         errors.print("the target's tokenizer has no chat template: raw completion", style="yellow")
-    info = model_info(pair)
+    info = model_info(pair, choice.target, choice.drafter, args.cache_dir)
     session = ChatSession(pair.target.tokenizer, pair.target.model, pair.drafter.model if pair.drafter else None,
                           pair.end_ids, settings, drafter_prefill_model=pair.drafter.dense if pair.drafter else None,
                           heads=heads)
@@ -243,9 +292,9 @@ def run(args: argparse.Namespace, chosen: Decoding, console: Console, errors: Co
     return app.run()
 
 
-def model_info(pair):
-    """What the banner, /save and the JSON say of the loaded pair: each model's device, and where device maps put
-    the layers."""
+def model_info(pair, target_spec: str, drafter_spec: str | None, cache_dir: Path | None):
+    """What the banner, /save, /export and the JSON say of the loaded pair: each model's device, where device maps put
+    the layers, and the specs and cache dir its files are found by."""
     from chat.session import ModelInfo
     from utils.caching import input_device
 
@@ -258,7 +307,8 @@ def model_info(pair):
     return ModelInfo(target=pair.target.label, drafter=pair.drafter.label if pair.drafter else None,
                      dtype=str(target.dtype).removeprefix("torch."), device=", ".join(devices),
                      target_format=pair.target.format, drafter_format=pair.drafter.format if pair.drafter else "",
-                     placement="; ".join(placed))
+                     placement="; ".join(placed), target_spec=target_spec, drafter_spec=drafter_spec,
+                     cache_dir=cache_dir)
 
 
 @dataclass(frozen=True)

@@ -12,6 +12,11 @@
 3. Held-out: the prompts kept out (`--held-out`) are drafted by the project's own drafter over the stored features,
    greedy, and the mean tokens per target step (chain and tree) go into the head's config.
 
+`--export-eagle DIR` trains nothing: it writes the eagle head in --out in the EAGLE authors' layout (config.json and
+model.safetensors, the names vLLM's "eagle" method and SGLang's EAGLE load) for the --target it was trained on:
+
+    python train_head.py --target qwen2.5-coder-1.5b --out heads/qwen2.5-coder-1.5b-eagle --export-eagle eagle-layout
+
 `--time-budget` bounds the whole run (minutes): the answers get `--data-share` of it, training and the held-out
 evaluation the rest. A non-empty OUT is refused unless `--resume` continues from what it holds (the prompts its answers
 record, then its last training checkpoint) or `--overwrite` starts it over; one run at a time holds OUT. Every file is
@@ -44,8 +49,11 @@ OWN_FILES = ("head.json", "head.safetensors", CHECKPOINT)  # what --overwrite re
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--target", required=True, help="embedded name, saved directory, .gguf file or Hub id")
-    p.add_argument("--kind", choices=("eagle", "medusa"), required=True)
+    p.add_argument("--kind", choices=("eagle", "medusa"), help="the head to train (required unless --export-eagle)")
     p.add_argument("--out", required=True, help="the head's directory (its data and checkpoints go there too)")
+    p.add_argument("--export-eagle", type=Path, metavar="DIR",
+                   help="write the eagle head in --out to DIR in the EAGLE authors' layout (for vLLM and SGLang), "
+                        "and train nothing")
     p.add_argument("--prompts", nargs="+", default=[],
                    help="JSONL prompt files, one object per line with `turns` (a list of strings: the first is asked)")
     p.add_argument("--dtype", default="float32", help="the target's dtype while making the data (default float32)")
@@ -74,6 +82,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                        help="start a non-empty OUT over: its head, checkpoint and answers (OUT/data) are removed")
     p.add_argument("--no-progress", action="store_true")
     args = p.parse_args(argv)
+    if args.export_eagle is not None:
+        if (problem := output_dir_problem(args.export_eagle, "--export-eagle")):
+            p.error(problem)
+        return args
+    if args.kind is None:
+        p.error("--kind is required (eagle or medusa)")
     if not args.prompts:
         p.error("--prompts needs at least one JSONL file")
     for name in ("max_new_tokens", "batch", "epochs", "heads", "intermediate", "eval_depth", "eval_tree"):
@@ -91,6 +105,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    if args.export_eagle is not None:
+        return export_eagle(args)
     budget = Budget(args.time_budget)
     out = Path(args.out)
     try:
@@ -110,6 +126,26 @@ def main(argv: list[str] | None = None) -> int:
         print(f"interrupted: {out} keeps the answers and the checkpoint made so far; --resume continues from them",
               file=sys.stderr)
         return INTERRUPTED_EXIT
+
+
+def export_eagle(args) -> int:
+    """--export-eagle: the head in --out in the EAGLE layout, for the target's config; what differs there on stderr."""
+    from transformers import AutoConfig
+
+    from models.loading import model_files
+    from models.presets import ModelLoadError
+    from sampling.head_layouts import write_eagle
+
+    try:
+        files = model_files(args.target, progress=not args.no_progress)
+        notes = write_eagle(args.out, args.export_eagle, AutoConfig.from_pretrained(files.folder))
+    except (ModelLoadError, OSError, ValueError) as error:
+        print(f"error: {error}", file=sys.stderr)
+        return FAILED_EXIT
+    for note in notes:
+        print(f"note: {note}", file=sys.stderr)
+    print(json.dumps({"eagle": str(args.export_eagle), "from": str(args.out)}))
+    return 0
 
 
 def read_prompts(paths: list[str]) -> list[str]:

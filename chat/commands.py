@@ -20,6 +20,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from app.export import ENGINES, export, serving
 from app.settings import SETTINGS, on_off, word_of
 from chat import setting_commands
 from chat.arguments import UsageError, parse_switch, plural
@@ -27,6 +28,7 @@ from chat.render import comparison_table, detail_table, running, say, totals_tab
 from chat.session import ChatSession, ModelInfo
 from chat.transcript import transcript, transcript_markdown, write_file
 from chat.turn import Turn
+from models.presets import ModelLoadError
 from sampling.settings import NEEDS_DRAFTER, NEEDS_HEAD, STRATEGIES
 from utils.checks import SettingError
 
@@ -227,6 +229,37 @@ def _save(ctx: Context, arg: str) -> None:
     say(ctx.console, f"saved {plural(len(record['turns']), 'turn')} to {path}")
 
 
+def _export(ctx: Context, arg: str) -> None:
+    engine, _, rest = arg.partition(" ")
+    if engine.lower() not in ENGINES:
+        raise UsageError(f"expected an engine: {', '.join(ENGINES)}")
+    info, session = ctx.info, ctx.session
+    if not info.target_spec:
+        raise UsageError("this session was not told which files its models were loaded from")
+    head = session.heads.get("eagle")
+    try:
+        with ctx.console.status("finding the models' files …"):
+            served = serving(info.target_spec, info.drafter_spec, head.info.get("path") if head else None,
+                             session.target.model.config, info.cache_dir)
+    except (ModelLoadError, OSError) as error:
+        raise UsageError(f"cannot find the models' files: {error}") from None
+    result = export(engine.lower(), served, session.settings.strategies, session.settings.strategy)
+    ctx.console.print(Text(result.command), soft_wrap=True)
+    for note in result.notes:
+        say(ctx.console, note, style="dim", soft_wrap=True)
+    if rest.strip():
+        name, force = _save_arguments(rest)
+        path = Path(name).expanduser()
+        try:
+            write_file(path, result.script(), replace=force)
+            path.chmod(0o755)
+        except FileExistsError:
+            raise UsageError(f"{name} exists; /export {engine} {name} --force replaces it") from None
+        except OSError as error:
+            raise UsageError(f"cannot write {name}: {error.strerror or error}") from None
+        say(ctx.console, f"wrote {path}")
+
+
 def _save_arguments(arg: str) -> tuple[str, bool]:
     """FILE [--force] (or --force FILE); the name keeps its inner spaces."""
     words = arg.split()
@@ -278,6 +311,9 @@ def build_commands(strategies: tuple[str, ...] = STRATEGIES) -> dict[str, Comman
         Command("clear", _clear, "/clear", "clear the screen"),
         Command("save", _save, f"/save FILE [{FORCE}]",
                 f"save the transcript (FILE.json: JSON, otherwise markdown); {FORCE} replaces an existing file"),
+        Command("export", _export, f"/export {'|'.join(ENGINES)} [FILE [{FORCE}]]",
+                "the command that serves this target with its drafter, head or lookup settings and gamma on a serving "
+                "engine (FILE: written as a script)"),
     ]
     settings = [Command(setting.command, setting_commands.handler(setting), setting.usage, setting.help,
                         setting_commands.shown(setting)) for setting in SETTINGS if setting.command]

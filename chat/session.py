@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 
 import torch
 from jinja2 import TemplateError
@@ -56,6 +57,9 @@ class ModelInfo:
     target_format: str = ""  # "float32, oneDNN-prepacked", "int4 weights, bfloat16 activations", ...
     drafter_format: str = ""
     placement: str = ""  # where device maps put the layers ("target cpu: layers 0-1 · disk: layers 2-3"); "" if not
+    target_spec: str = ""  # the specs the models were loaded from and the cache dir: /export finds their files
+    drafter_spec: str | None = None
+    cache_dir: Path | None = None
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,290 @@
+"""Serving-engine exports (app/export.py, /export, infer.py --export) checked against the engines' published options,
+not by running them (no GPU here); and the EAGLE layout (sampling/head_layouts.py): what our writer writes, our reader
+loads, and drafts the same tokens from.
+
+The engines' options, as their documentation lists them:
+- vLLM: the fields of `SpeculativeConfig` in vllm/config/speculative.py (github.com/vllm-project/vllm, commit
+  002e77c1f0ef9b19cff8b9e21cfbd6feb3d6b443), passed as JSON to `vllm serve MODEL --speculative-config`; its EAGLE-1
+  weight names from vllm/model_executor/models/llama_eagle.py (commit 00da92319af4b2ad2cde8525b7b609c779bdc52f) and
+  the Llama layer's `qkv_bias` from vllm/model_executor/models/llama.py.
+- SGLang: docs/advanced_features/server_arguments.md (github.com/sgl-project/sglang, commit
+  b36e8e198b71553316b55bce53de6ecf9b3a9a47), sections "Model and tokenizer", "Speculative decoding" and "Ngram
+  speculative decoding".
+- llama.cpp: tools/server/README.md (github.com/ggml-org/llama.cpp, commit 00dc8057ab28c9cb4c79a6dd6dfce07fe779f63b),
+  the server's speculative options (`--draft-max` and friends are listed there as removed).
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+
+import pytest
+import torch
+from safetensors.torch import load_file
+from transformers import AutoConfig
+
+import infer
+import train_head
+from app.export import ENGINES, Serving, drafting_strategy, export
+from sampling.drafters.eagle import EagleDrafter
+from sampling.head_layouts import head_kind, write_eagle
+from sampling.heads import HeadConfig, build, eagle_config, load_head, save_head
+from sampling.settings import STRATEGIES, StrategySettings
+from tests.helpers import save_tiny_pair, tiny_model
+from utils.caching import CachedModel
+from utils.logits_processor import GreedyProcessor
+
+VLLM_SPECULATIVE_CONFIG_KEYS = {
+    "enforce_eager", "num_speculative_tokens", "model", "method", "draft_tensor_parallel_size", "tensor_parallel_size",
+    "quantization", "moe_backend", "attention_backend", "kv_cache_dtype", "max_model_len", "revision",
+    "code_revision", "disable_padded_drafter_batch", "use_local_argmax_reduction", "use_heterogeneous_vocab",
+    "prompt_lookup_max", "prompt_lookup_min", "parallel_drafting", "suffix_decoding_max_tree_depth",
+    "suffix_decoding_max_cached_requests", "suffix_decoding_max_spec_factor", "suffix_decoding_min_token_prob",
+    "rejection_sample_method", "draft_sample_method",
+}
+VLLM_METHODS = {"ngram", "medusa", "mlp_speculator", "draft_model", "suffix", "custom_class", "eagle", "eagle3"}
+VLLM_EAGLE_WEIGHTS = {"fc.weight", "layers.0.self_attn.q_proj.weight", "layers.0.self_attn.k_proj.weight",
+                      "layers.0.self_attn.v_proj.weight", "layers.0.self_attn.o_proj.weight",
+                      "layers.0.mlp.gate_proj.weight", "layers.0.mlp.up_proj.weight", "layers.0.mlp.down_proj.weight",
+                      "layers.0.post_attention_layernorm.weight"}
+SGLANG_ARGUMENTS = {
+    "--model-path", "--speculative-algorithm", "--speculative-draft-model-path", "--speculative-draft-model-revision",
+    "--speculative-num-steps", "--speculative-eagle-topk", "--speculative-num-draft-tokens",
+    "--speculative-accept-threshold-single", "--speculative-accept-threshold-acc", "--speculative-token-map",
+    "--speculative-ngram-min-match-window-size", "--speculative-ngram-max-match-window-size",
+    "--speculative-ngram-min-bfs-breadth", "--speculative-ngram-max-bfs-breadth", "--speculative-ngram-branch-length",
+}
+SGLANG_ALGORITHMS = {"EAGLE", "EAGLE3", "NEXTN", "STANDALONE", "NGRAM"}
+LLAMACPP_ARGUMENTS = {
+    "-m", "-md", "--spec-draft-model", "--model-draft", "--spec-draft-n-max", "--spec-draft-n-min",
+    "--spec-draft-p-min", "--spec-type", "--spec-ngram-simple-size-n", "--spec-ngram-simple-size-m",
+    "--spec-ngram-simple-min-hits",
+}
+LLAMACPP_SPEC_TYPES = {"none", "draft-simple", "draft-eagle3", "draft-mtp", "draft-dflash", "draft-dspark",
+                       "ngram-simple", "ngram-map-k", "ngram-map-k4v", "ngram-mod", "ngram-cache"}
+
+SERVING = Serving("/models/target", "/models/target.gguf", "/models/drafter", "/models/drafter.gguf",
+                  "/heads/eagle-layout", ("the head drafts from all of the vocabulary there",))
+SETTINGS = StrategySettings(gamma=5, lookup_min_ngram=2, lookup_max_ngram=4, head_branch=3, verify_width=9)
+
+
+def flags(argv: list[str]) -> dict[str, str]:
+    """Each option of an argv and the value after it."""
+    return {word: argv[i + 1] for i, word in enumerate(argv) if word.startswith("-") and i + 1 < len(argv)}
+
+
+def check_vllm(argv: list[str]) -> dict:
+    assert argv[:3] == ["vllm", "serve", SERVING.target]
+    if len(argv) == 3:
+        return {}
+    assert argv[3] == "--speculative-config" and len(argv) == 5
+    config = json.loads(argv[4])
+    assert set(config) <= VLLM_SPECULATIVE_CONFIG_KEYS and config["method"] in VLLM_METHODS
+    return config
+
+
+def check_sglang(argv: list[str]) -> dict[str, str]:
+    assert argv[:3] == ["python", "-m", "sglang.launch_server"]
+    options = flags(argv[3:])
+    assert set(options) <= SGLANG_ARGUMENTS and options["--model-path"] == SERVING.target
+    assert options.get("--speculative-algorithm", "EAGLE") in SGLANG_ALGORITHMS
+    return options
+
+
+def check_llamacpp(argv: list[str]) -> dict[str, str]:
+    assert argv[0] == "llama-server"
+    options = flags(argv[1:])
+    assert set(options) <= LLAMACPP_ARGUMENTS and options["-m"] == SERVING.target_gguf
+    assert set(options.get("--spec-type", "none").split(",")) <= LLAMACPP_SPEC_TYPES
+    return options
+
+
+@pytest.mark.parametrize("strategy", STRATEGIES)
+@pytest.mark.parametrize("engine", ENGINES)
+def test_every_export_uses_only_the_engines_published_options(engine, strategy):
+    result = export(engine, SERVING, (strategy, "autoregressive"), SETTINGS)
+    check = {"vllm": check_vllm, "sglang": check_sglang, "llamacpp": check_llamacpp}[engine]
+    check(result.argv)
+    assert shlex.split(result.command) == result.argv
+    assert all("\n" not in note for note in result.notes)
+
+
+def test_a_draft_model_carries_its_path_and_gamma_everywhere():
+    strategies = ("speculative",)
+    vllm = check_vllm(export("vllm", SERVING, strategies, SETTINGS).argv)
+    assert vllm == {"method": "draft_model", "model": SERVING.drafter, "num_speculative_tokens": 5}
+    sglang = check_sglang(export("sglang", SERVING, strategies, SETTINGS).argv)
+    assert (sglang["--speculative-algorithm"], sglang["--speculative-draft-model-path"]) == ("STANDALONE",
+                                                                                            SERVING.drafter)
+    assert (sglang["--speculative-num-steps"], sglang["--speculative-eagle-topk"],
+            sglang["--speculative-num-draft-tokens"]) == ("5", "1", "6")
+    llamacpp = check_llamacpp(export("llamacpp", SERVING, strategies, SETTINGS).argv)
+    assert (llamacpp["-md"], llamacpp["--spec-draft-n-max"]) == (SERVING.drafter_gguf, "5")
+
+
+def test_lookup_carries_its_n_gram_sizes():
+    vllm = check_vllm(export("vllm", SERVING, ("lookup",), SETTINGS).argv)
+    assert vllm == {"method": "ngram", "num_speculative_tokens": 5, "prompt_lookup_min": 2, "prompt_lookup_max": 4}
+    sglang = check_sglang(export("sglang", SERVING, ("lookup",), SETTINGS).argv)
+    assert (sglang["--speculative-ngram-min-match-window-size"], sglang["--speculative-ngram-max-match-window-size"]) \
+        == ("2", "4")
+    llamacpp = check_llamacpp(export("llamacpp", SERVING, ("lookup",), SETTINGS).argv)
+    assert (llamacpp["--spec-type"], llamacpp["--spec-ngram-simple-size-n"]) == ("ngram-simple", "4")
+
+
+def test_an_eagle_head_is_served_where_the_engine_can_and_named_where_it_cannot():
+    vllm = export("vllm", SERVING, ("eagle",), SETTINGS)
+    assert check_vllm(vllm.argv) == {"method": "eagle", "model": SERVING.eagle, "num_speculative_tokens": 5}
+    assert SERVING.eagle_notes[0] in vllm.notes
+    sglang = check_sglang(export("sglang", SERVING, ("eagle",), SETTINGS).argv)
+    assert (sglang["--speculative-algorithm"], sglang["--speculative-draft-model-path"],
+            sglang["--speculative-eagle-topk"], sglang["--speculative-num-draft-tokens"]) == ("EAGLE", SERVING.eagle,
+                                                                                             "3", "9")
+    llamacpp = export("llamacpp", SERVING, ("eagle",), SETTINGS)
+    assert check_llamacpp(llamacpp.argv)["--spec-type"] == "draft-simple"
+    note = llamacpp.notes[0]
+    assert note.startswith("eagle: no llama.cpp equivalent") and "nearest: draft-simple" in note
+
+
+@pytest.mark.parametrize("engine, nearest", [("vllm", "ngram"), ("sglang", "NGRAM"), ("llamacpp", "ngram-simple")])
+def test_what_an_engine_cannot_do_is_named_in_one_line_with_the_nearest(engine, nearest):
+    result = export(engine, Serving("/models/target", "/models/target.gguf"), ("lookahead",), SETTINGS)
+    name = {"vllm": "vLLM", "sglang": "SGLang", "llamacpp": "llama.cpp"}[engine]
+    assert any(note.startswith("lookahead (") and f"no {name} equivalent; nearest: {nearest}" in note
+               for note in result.notes)
+
+
+def test_without_a_drafting_strategy_the_target_is_served_plain():
+    assert drafting_strategy(("autoregressive", "beam")) is None
+    result = export("vllm", SERVING, ("autoregressive",), SETTINGS)
+    assert result.argv == ["vllm", "serve", SERVING.target] and "without speculative decoding" in result.notes[0]
+
+
+def test_a_model_without_a_gguf_gets_a_named_placeholder_and_how_to_make_it():
+    result = export("llamacpp", Serving("/models/target", None, "/models/drafter", None), ("speculative",), SETTINGS)
+    options = flags(result.argv[1:])
+    assert (options["-m"], options["-md"]) == ("target.gguf", "drafter.gguf")
+    assert sum("convert_hf_to_gguf.py" in note for note in result.notes) == 2
+
+
+@pytest.fixture(scope="module")
+def pair_dirs(tmp_path_factory):
+    return save_tiny_pair(tmp_path_factory.mktemp("export"))
+
+
+@pytest.fixture(scope="module")
+def our_eagle(pair_dirs, tmp_path_factory):
+    """An eagle head of random weights in this project's format, stored in float32, for the saved tiny target."""
+    model = tiny_model(dtype=torch.float32)
+    config = eagle_config(model.config, 48)
+    module = build(config)
+    torch.manual_seed(3)
+    with torch.no_grad():
+        for parameter in module.parameters():
+            parameter.normal_(0, 0.2)
+    path = tmp_path_factory.mktemp("heads") / "ours-eagle"
+    save_head(path, config, module, torch.arange(0, 90), {}, dtype=torch.float32)
+    return path
+
+
+def test_the_eagle_layout_has_the_names_vllm_loads(our_eagle, tmp_path):
+    notes = write_eagle(our_eagle, tmp_path / "layout", tiny_model().config)
+    weights = load_file(str(tmp_path / "layout" / "model.safetensors"))
+    assert set(weights) == VLLM_EAGLE_WEIGHTS
+    config = json.loads((tmp_path / "layout" / "config.json").read_text())
+    assert config["architectures"] == ["LlamaForCausalLM"] and config["num_hidden_layers"] == 1
+    assert AutoConfig.for_model(**config).hidden_size == 32  # transformers reads it as a Llama config
+    assert any("90 most frequent tokens" in note for note in notes)
+    assert head_kind(tmp_path / "layout") == "eagle" and head_kind(our_eagle) == "eagle"
+
+
+def test_an_exported_eagle_head_drafts_the_same_tokens_as_ours(our_eagle, tmp_path):
+    """Round trip: our reader loads what our writer wrote; the same drafts (the draft vocabulary aside, which the
+    EAGLE-1 layout has no place for: both draft from the whole vocabulary here)."""
+    model = tiny_model(dtype=torch.float32)
+    write_eagle(our_eagle, tmp_path / "layout", model.config)
+    ours, theirs = load_head(our_eagle, model), load_head(tmp_path / "layout", model)
+    ours.vocab, ours.out = None, model.get_output_embeddings().weight.detach()  # the whole vocabulary, as theirs
+    assert theirs.config == ours.config
+    ids = [5, 17, 42, 8, 5, 17, 42, 9, 33]
+    drafts = []
+    for head in (ours, theirs):
+        target = CachedModel(model)
+        target.keep_hidden()
+        target.extend(ids)
+        drafts.append(EagleDrafter(target, head, branch=3).propose(ids, 4, GreedyProcessor(), None))
+    assert drafts[0].tokens and drafts[0].tokens == drafts[1].tokens and drafts[0].parents == drafts[1].parents
+
+
+def test_a_qwen_style_head_keeps_its_qkv_biases(tmp_path):
+    model = tiny_model(dtype=torch.float32)
+    config = HeadConfig(**{**eagle_config(model.config, 48).__dict__, "attention_bias": True})
+    save_head(tmp_path / "ours", config, build(config), None, {}, dtype=torch.float32)
+    write_eagle(tmp_path / "ours", tmp_path / "layout", model.config)
+    assert json.loads((tmp_path / "layout" / "config.json").read_text())["qkv_bias"] is True
+    assert "layers.0.self_attn.q_proj.bias" in load_file(str(tmp_path / "layout" / "model.safetensors"))
+    assert load_head(tmp_path / "layout", model).config.attention_bias
+
+
+def test_train_head_exports_an_eagle_head_and_refuses_a_medusa_one(pair_dirs, our_eagle, tmp_path, capsys):
+    target = str(pair_dirs[0])
+    assert train_head.main(["--target", target, "--out", str(our_eagle), "--export-eagle",
+                            str(tmp_path / "layout"), "--no-progress"]) == 0
+    assert json.loads(capsys.readouterr().out)["eagle"] == str(tmp_path / "layout")
+    assert (tmp_path / "layout" / "config.json").is_file()
+    medusa = tmp_path / "medusa"
+    save_head(medusa, HeadConfig("medusa", 32, num_heads=2), build(HeadConfig("medusa", 32, num_heads=2)), None, {})
+    assert train_head.main(["--target", target, "--out", str(medusa), "--export-eagle", str(tmp_path / "m"),
+                            "--no-progress"]) == train_head.FAILED_EXIT
+    err = capsys.readouterr().err
+    assert "only an eagle head has an EAGLE layout" in err and err.count("\n") == 1
+
+
+def test_infer_export_prints_the_command_and_writes_it(pair_dirs, tmp_path, capsys):
+    target, drafter = map(str, pair_dirs)
+    script = tmp_path / "serve.sh"
+    argv = ["--target", target, "--drafter", drafter, "--strategy", "speculative", "--gamma", "4",
+            "--cache-dir", str(tmp_path / "cache")]
+    assert infer.main([*argv, "--export", "sglang", str(script)]) == 0
+    out = capsys.readouterr()
+    command = out.out.strip().splitlines()[0]
+    options = flags(shlex.split(command))
+    assert options["--model-path"] == target and options["--speculative-draft-model-path"] == drafter
+    assert options["--speculative-num-steps"] == "4" and "gamma" not in out.err  # given, so not the default's note
+    assert script.read_text().rstrip().endswith(command) and script.stat().st_mode & 0o100
+    assert infer.main([*argv, "--export", "sglang", str(script)]) == infer.USAGE_EXIT  # an existing file is kept
+    assert "exists" in capsys.readouterr().err
+    assert infer.main([*argv, "--export", "tgi"]) == infer.USAGE_EXIT
+    assert "--export takes an engine (vllm, sglang, llamacpp)" in capsys.readouterr().err
+
+
+def test_chat_export_command_prints_and_writes(pair_dirs, tmp_path):
+    import io
+
+    from rich.console import Console
+
+    from chat.app import ChatApp
+    from chat.commands import dispatch
+    from chat.session import ChatSession, ChatSettings, ModelInfo
+    from models.loading import load_pair
+
+    pair = load_pair(*map(str, pair_dirs), device="cpu", dtype="float32", progress=False)
+    session = ChatSession(pair.target.tokenizer, pair.target.model, pair.drafter.model, pair.end_ids,
+                          ChatSettings(strategies=("lookup", "speculative"), max_new_tokens=4))
+    console = Console(file=io.StringIO(), width=400, color_system=None)
+    info = ModelInfo("target", "drafter", "float32", "cpu", target_spec=str(pair_dirs[0]),
+                     drafter_spec=str(pair_dirs[1]), cache_dir=tmp_path / "cache")
+    app = ChatApp(session, console, info)
+    dispatch(app, "/gamma 3")
+    console.file.truncate(0)
+    console.file.seek(0)
+    dispatch(app, f"/export vllm {tmp_path / 'serve.sh'}")
+    text = console.file.getvalue()
+    config = json.loads(shlex.split(text.splitlines()[0])[-1])
+    assert config == {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 1, "prompt_lookup_max": 3}
+    assert (tmp_path / "serve.sh").is_file() and f"wrote {tmp_path / 'serve.sh'}" in text
+    console.file.truncate(0)
+    console.file.seek(0)
+    dispatch(app, "/export tgi")
+    assert "expected an engine: vllm, sglang, llamacpp" in console.file.getvalue()
