@@ -34,7 +34,8 @@ def add_model_flags(group: argparse._ActionsContainer) -> None:
                        help="target model: an embedded name, a saved directory, a .gguf file or a Hub id "
                             "(replaces the preset; then the drafter is --drafter or none)")
     group.add_argument("--drafter", "--model-draft", "-md", "--assistant-model", metavar="SPEC",
-                       help="drafter model, same kinds of SPEC (the same tokenizer as the target); 'none' for none")
+                       help="drafter model, same kinds of SPEC; one with another tokenizer than the target's "
+                            "drafts text, re-tokenized for the target; 'none' for none")
     group.add_argument("--device", metavar="DEVICE", help="auto, cpu, cuda, cuda:N or mps (default: the preset's)")
     group.add_argument("--dtype", default="auto", help="auto, float32, bfloat16, float16 or float64")
     low_bit = ("gguf: the GGUF file's own blocks on the project's CPU kernels, the rest float32 (dense weights, with "
