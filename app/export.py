@@ -168,7 +168,7 @@ def serving(target: str, drafter: str | None, eagle_head: str | None, target_con
     drafter_files = model_files(drafter, cache_dir, progress) if drafter is not None else None
     eagle, notes = eagle_head, tuple[str, ...]()
     if eagle_head is not None and (Path(eagle_head) / CONFIG).is_file():
-        eagle = str((cache_dir or default_cache_dir()) / "exports" / f"{Path(eagle_head).resolve().name}-eagle")
+        eagle = str((cache_dir or default_cache_dir()) / "exports" / f"{Path(eagle_head).resolve().name}-layout")
         notes = tuple(write_eagle(eagle_head, eagle, target_config))
     return Serving(target_files.folder, target_files.gguf, drafter_files.folder if drafter_files else None,
                    drafter_files.gguf if drafter_files else None, eagle, notes)
