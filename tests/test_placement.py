@@ -17,6 +17,7 @@ from sampling.base import DecodeConfig
 from sampling.registry import build_strategy
 from tests.helpers import save_tiny_checkpoint
 from utils.caching import CachedModel, input_device
+from utils.logits_processor import TopKProcessor
 
 PROMPT = [5, 17, 42, 8, 5, 17, 42, 9, 33, 5, 17]
 LAYER_BYTES = 4 * (4 * 64 * 64 // 2 + 3 * 64 * 128 + 64)  # a float32 decoder layer of the tiny target below, roughly
@@ -163,3 +164,8 @@ def test_a_target_split_across_the_gpu_and_the_cpu_decodes_as_the_whole_one(chec
         outputs = [build_strategy(name, CachedModel(target), CachedModel(drafter.model)).generate(PROMPT, config)
                    .token_ids for target in (whole.model, split.model)]
         assert outputs[1] == outputs[0]
+    # sampling with the drafter on the CPU and the target on the GPU: its own generator, its q moved to the target's
+    sampled = DecodeConfig(max_new_tokens=30, processor=TopKProcessor(0.9, 20), seed=3)
+    runs = [build_strategy("speculative", CachedModel(split.model), CachedModel(drafter.model))
+            .generate(PROMPT, sampled).token_ids for _ in range(2)]
+    assert len(runs[0]) == 30 and runs[0] == runs[1]
