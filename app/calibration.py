@@ -265,8 +265,13 @@ def choose(calibration: Calibration, base: StrategySettings = StrategySettings()
 def pair_key(pair) -> dict:
     """`machine_key` for a loaded pair (models.loading.LoadedPair)."""
     drafter = pair.drafter  # by source, not name: two saved directories may carry the same model name
-    return machine_key(pair.target.source, pair.target.format, drafter.source if drafter else None,
-                       drafter.format if drafter else None, next(pair.target.model.parameters()).device)
+    return machine_key(pair.target.source, _placed_format(pair.target), drafter.source if drafter else None,
+                       _placed_format(drafter) if drafter else None, next(pair.target.model.parameters()).device)
+
+
+def _placed_format(loaded) -> str:
+    """The format, and where a device map put the layers: a split model is timed apart from the whole one."""
+    return loaded.format + (f" · {loaded.placement}" if loaded.placement else "")
 
 
 @dataclass(frozen=True)

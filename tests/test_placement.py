@@ -9,8 +9,9 @@ import argparse
 import pytest
 import torch
 
+from app.calibration import pair_key
 from app.flags import FlagError, add_model_flags, check_model_names, model_choice
-from models.loading import load_model, load_pair
+from models.loading import LoadedPair, load_model, load_pair
 from models.placement import Placement, check_device_map_name, describe, parse_max_memory
 from models.presets import ModelLoadError, resolve_preset
 from sampling.base import DecodeConfig
@@ -67,6 +68,16 @@ def test_a_split_target_rolls_a_token_tree_back_layer_by_layer(split):
     expected = fresh.extend(PROMPT + [4, 7, 9])
     assert lm.tokens == PROMPT + [4, 7]
     torch.testing.assert_close(lm.extend(PROMPT + [4, 7, 9]), expected)
+
+
+def test_a_split_target_is_calibrated_apart_from_the_whole_one(checkpoints, split):
+    """Regression: the per-machine timings were kept under the model and its format alone, so a target offloaded to
+    disk would have read back (or overwritten) the timings of the same model loaded whole."""
+    whole = load_model(str(checkpoints[0]), dtype="float32", progress=False,
+                       placement=Placement("auto", {"cpu": 2**30}))
+    assert whole.placement == "" and whole.format == split.format  # the same weights, one of them split
+    keys = [pair_key(LoadedPair(target=loaded, drafter=None, end_ids=())) for loaded in (whole, split)]
+    assert keys[0] != keys[1]
 
 
 def test_a_map_that_cannot_hold_the_model_says_so_before_loading(checkpoints):
