@@ -155,15 +155,21 @@ def run_export(args: argparse.Namespace, chosen: Decoding, choice) -> int:
     from app.export import Export, drafting_strategy, export, serving
     from chat.transcript import write_file
     from models.loading import model_files
+    from models.presets import ModelLoadError
     from sampling.head_layouts import head_kind
     from sampling.heads import shipped_heads
+    from utils.errors import one_line
 
     strategies = parse_strategies(args.strategy, choice.drafter is not None, frozenset(("eagle", "medusa")))
     files = model_files(choice.target, args.cache_dir, progress=False)
     heads = ([] if any(h.strip().lower() == "none" for h in args.head) else [Path(h) for h in args.head]) \
         if args.head else shipped_heads(files.name)
     eagle = next((str(h) for h in heads if head_kind(h) == "eagle"), None)
-    served = serving(choice.target, choice.drafter, eagle, AutoConfig.from_pretrained(files.folder), args.cache_dir)
+    try:
+        served = serving(choice.target, choice.drafter, eagle, AutoConfig.from_pretrained(files.folder),
+                         args.cache_dir)
+    except (OSError, ValueError) as error:  # a Hub id whose config is not at hand offline, a damaged config
+        raise ModelLoadError(f"--export: cannot read the models' configs ({one_line(error)})") from None
     result = export(args.export[0].lower(), served, strategies, chosen.strategy)
     if drafting_strategy(strategies) and "gamma" not in chosen.explicit:
         result.notes.append(f"gamma {chosen.strategy.gamma}: the built-in default (give --gamma, or use /export in "

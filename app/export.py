@@ -20,7 +20,8 @@ from sampling.settings import StrategySettings
 ENGINES = ("vllm", "sglang", "llamacpp")
 NAMES = {"vllm": "vLLM", "sglang": "SGLang", "llamacpp": "llama.cpp"}
 # What a strategy drafts with, as the engines know it: a draft model, an EAGLE head, or n-grams of the context
-KINDS = {"speculative": "draft", "drafter": "draft", "auto": "draft", "eagle": "eagle", "lookup": "lookup",
+# ("drafter", the draft model alone, and beam search serve no speculation)
+KINDS = {"speculative": "draft", "auto": "draft", "eagle": "eagle", "lookup": "lookup",
          "ngram": "lookup", "lookahead": "lookup", "medusa": "draft"}
 # Each engine's name for each kind ("" where it has none)
 METHODS = {
