@@ -84,8 +84,6 @@ def plan(location: str, placement: Placement, dtype: Any, trust_remote_code: boo
          ) -> dict[str, int | str] | str:
     """The device map `from_pretrained` gets: accelerate's for "auto"/"balanced" (computed on an empty model of this
     config and dtype), else the device name. ModelLoadError (one line) where it cannot hold the model."""
-    if not placement.computed:
-        return placement.device_map
     import torch
     from accelerate import infer_auto_device_map, init_empty_weights
     from accelerate.utils import compute_module_sizes, get_balanced_memory, get_max_memory
@@ -94,6 +92,15 @@ def plan(location: str, placement: Placement, dtype: Any, trust_remote_code: boo
     config = AutoConfig.from_pretrained(location, trust_remote_code=trust_remote_code, local_files_only=local_only)
     with init_empty_weights():
         empty = AutoModelForCausalLM.from_config(config, dtype=dtype, trust_remote_code=trust_remote_code)
+    if not placement.computed:
+        device = torch.device(placement.device_map)
+        key = (device.index or 0) if device.type == "cuda" else device.type
+        total, room = compute_module_sizes(empty, dtype=dtype)[""], get_max_memory().get(key)
+        if room is not None and total > room:
+            raise ModelLoadError(f"{Path(location).name} does not fit {placement.device_map}: {gib(total)} of weights, "
+                                 f"{gib(room)} free. Fix: --device-map auto (with --offload-dir DIR for what fits "
+                                 "nowhere).")
+        return placement.device_map
     no_split = list(getattr(empty, "_no_split_modules", None) or [])
     # accelerate's rule: given --max-memory, only the devices it names hold weights (and disk, with --offload-dir)
     memory = get_max_memory(dict(placement.max_memory) or None)

@@ -70,6 +70,15 @@ def test_a_split_target_rolls_a_token_tree_back_layer_by_layer(split):
     torch.testing.assert_close(lm.extend(PROMPT + [4, 7, 9]), expected)
 
 
+def test_the_banner_says_where_the_layers_went(checkpoints, split):
+    import infer
+
+    drafter = load_model(str(checkpoints[1]), device="cpu", dtype="float32", progress=False)
+    info = infer.model_info(LoadedPair(target=split, drafter=drafter, end_ids=()), "t", "d", None)
+    assert info.device == "cpu" and info.placement == f"target {split.placement}"
+    assert (info.target_spec, info.drafter_spec) == ("t", "d")
+
+
 def test_a_split_target_is_calibrated_apart_from_the_whole_one(checkpoints, split):
     """Regression: the per-machine timings were kept under the model and its format alone, so a target offloaded to
     disk would have read back (or overwritten) the timings of the same model loaded whole."""
@@ -85,6 +94,14 @@ def test_a_map_that_cannot_hold_the_model_says_so_before_loading(checkpoints):
         load_model(str(checkpoints[0]), dtype="float32", progress=False, placement=Placement("auto", {"cpu": 50_000}))
     message = str(error.value)
     assert "cannot hold" in message and "--offload-dir" in message and "\n" not in message
+
+
+def test_a_device_too_small_for_the_whole_model_says_so_before_loading(checkpoints, monkeypatch):
+    import accelerate.utils
+
+    monkeypatch.setattr(accelerate.utils, "get_max_memory", lambda max_memory=None: {"cpu": 10_000})
+    with pytest.raises(ModelLoadError, match="does not fit cpu: .* 0.0 MiB free. Fix: --device-map auto"):
+        load_model(str(checkpoints[0]), dtype="float32", progress=False, placement=Placement("cpu"))
 
 
 def test_a_kernel_format_with_a_device_map_is_refused_in_one_line(checkpoints):
