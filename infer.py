@@ -166,8 +166,8 @@ def run_export(args: argparse.Namespace, chosen: Decoding, choice) -> int:
         if args.head else shipped_heads(files.name)
     eagle = next((str(h) for h in heads if head_kind(h) == "eagle"), None)
     try:
-        served = serving(choice.target, choice.drafter, eagle, AutoConfig.from_pretrained(files.folder),
-                         args.cache_dir)
+        served = serving(args.export[0].lower(), choice.target, choice.drafter, eagle,
+                         AutoConfig.from_pretrained(files.folder), args.cache_dir)
     except (OSError, ValueError) as error:  # a Hub id whose config is not at hand offline, a damaged config
         raise ModelLoadError(f"--export: cannot read the models' configs ({one_line(error)})") from None
     result = export(args.export[0].lower(), served, strategies, chosen.strategy)

@@ -13,7 +13,8 @@
    greedy, and the mean tokens per target step (chain and tree) go into the head's config.
 
 `--export-eagle DIR` trains nothing: it writes the eagle head in --out in the EAGLE authors' layout (config.json and
-model.safetensors, the names vLLM's "eagle" method and SGLang's EAGLE load) for the --target it was trained on:
+model.safetensors, the names vLLM's "eagle" method and SGLang's EAGLE load; `--export-for sglang` names SGLang's EAGLE
+classes in the config) for the --target it was trained on:
 
     python train_head.py --target qwen2.5-coder-1.5b --out heads/qwen2.5-coder-1.5b-eagle --export-eagle eagle-layout
 
@@ -52,8 +53,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--kind", choices=("eagle", "medusa"), help="the head to train (required unless --export-eagle)")
     p.add_argument("--out", required=True, help="the head's directory (its data and checkpoints go there too)")
     p.add_argument("--export-eagle", type=Path, metavar="DIR",
-                   help="write the eagle head in --out to DIR in the EAGLE authors' layout (for vLLM and SGLang), "
-                        "and train nothing")
+                   help="write the eagle head in --out to DIR in the EAGLE authors' layout, and train nothing")
+    p.add_argument("--export-for", choices=("vllm", "sglang"), default="vllm",
+                   help="--export-eagle: the engine whose config names it gets (vllm: the authors' own; default vllm)")
     p.add_argument("--prompts", nargs="+", default=[],
                    help="JSONL prompt files, one object per line with `turns` (a list of strings: the first is asked)")
     p.add_argument("--dtype", default="float32", help="the target's dtype while making the data (default float32)")
@@ -138,7 +140,7 @@ def export_eagle(args) -> int:
 
     try:
         files = model_files(args.target, progress=not args.no_progress)
-        notes = write_eagle(args.out, args.export_eagle, AutoConfig.from_pretrained(files.folder))
+        notes = write_eagle(args.out, args.export_eagle, AutoConfig.from_pretrained(files.folder), args.export_for)
     except (ModelLoadError, OSError, ValueError) as error:
         print(f"error: {error}", file=sys.stderr)
         return FAILED_EXIT

@@ -155,21 +155,22 @@ def _gguf(model: str, gguf: str | None, notes: list[str]) -> str:
     return name
 
 
-def serving(target: str, drafter: str | None, eagle_head: str | None, target_config, cache_dir: Path | None,
-            progress: bool = False) -> Serving:
+def serving(engine: str, target: str, drafter: str | None, eagle_head: str | None, target_config,
+            cache_dir: Path | None, progress: bool = False) -> Serving:
     """The files of the pair `target`/`drafter` (specs as --target takes them) on disk, and the eagle head in the
-    EAGLE layout: one of this project's is written once into the cache dir (exports/), a published one is used as
-    it is. Imports torch; ModelLoadError (one line) where a file cannot be made."""
+    EAGLE layout `engine` loads: one of this project's is written into the cache dir (exports/), a published one is
+    used as it is. Imports torch; ModelLoadError (one line) where a file cannot be made."""
     from models.loading import model_files
     from models.presets import default_cache_dir
-    from sampling.head_layouts import write_eagle
+    from sampling.head_layouts import LAYOUTS, write_eagle
     from sampling.heads import CONFIG
 
     target_files = model_files(target, cache_dir, progress)
     drafter_files = model_files(drafter, cache_dir, progress) if drafter is not None else None
     eagle, notes = eagle_head, tuple[str, ...]()
-    if eagle_head is not None and (Path(eagle_head) / CONFIG).is_file():
-        eagle = str((cache_dir or default_cache_dir()) / "exports" / f"{Path(eagle_head).resolve().name}-layout")
-        notes = tuple(write_eagle(eagle_head, eagle, target_config))
+    if eagle_head is not None and (Path(eagle_head) / CONFIG).is_file() and engine in LAYOUTS:
+        name = f"{Path(eagle_head).resolve().name}-{engine}"
+        eagle = str((cache_dir or default_cache_dir()) / "exports" / name)
+        notes = tuple(write_eagle(eagle_head, eagle, target_config, layout=engine))
     return Serving(target_files.folder, target_files.gguf, drafter_files.folder if drafter_files else None,
                    drafter_files.gguf if drafter_files else None, eagle, notes)

@@ -15,18 +15,25 @@ from sampling.heads import CONFIG, FORMAT, WEIGHTS, HeadConfig
 from utils.files import write_atomically
 
 EAGLE_WEIGHTS = "model.safetensors"
+LAYOUTS = ("vllm", "sglang")
 # What serving engines do otherwise with an exported head (one line: the export says it)
-EAGLE_DIFFERENCES = ("vLLM's eagle method and SGLang's EAGLE run it as one Llama decoder layer without its input norm "
-                     "over the target's whole vocabulary (the same arithmetic)")
+EAGLE_DIFFERENCES = ("vLLM's eagle method and SGLang's EAGLE run it as one decoder layer without its input norm over "
+                     "the target's whole vocabulary (the same arithmetic)")
 
 
-def write_eagle(head_dir: str | Path, out: str | Path, target_config) -> list[str]:
-    """The eagle head in `head_dir` (this project's format) in the EAGLE-1 authors' layout in `out`: a Llama-style
-    config.json and model.safetensors with fc.weight and layers.0.* (the decoder layer without its input norm), its
-    weights in the dtype they are stored in. `target_config`: the target's (vocabulary, context, token ids). Returns
-    what differs there, one line each. `load_head` reads the layout back."""
+def write_eagle(head_dir: str | Path, out: str | Path, target_config, layout: str = "vllm") -> list[str]:
+    """The eagle head in `head_dir` (this project's format) in the EAGLE-1 authors' layout in `out`: config.json and
+    model.safetensors with fc.weight and layers.0.* (the decoder layer without its input norm), its weights in the
+    dtype they are stored in. `target_config`: the target's (vocabulary, context, token ids). Returns what differs
+    there, one line each. `load_head` reads the layout back.
+
+    `layout`: "vllm", the authors' own config (LlamaForCausalLM, which vLLM's eagle method maps to its EAGLE layer), or
+    "sglang", whose config names SGLang's EAGLE classes (LlamaForCausalLMEagle; Qwen2ForCausalLMEagle for a head with
+    biases on q, k and v). Both hold an fc.bias (zeros for a head without one): SGLang's fc has one, vLLM skips it."""
     from safetensors.torch import load_file, save_file
 
+    if layout not in LAYOUTS:
+        raise ValueError(f"unknown EAGLE layout {layout!r}; choose from {', '.join(LAYOUTS)}")
     head_dir, out = Path(head_dir), Path(out)
     if not (head_dir / CONFIG).is_file():
         raise ModelLoadError(f"{head_dir} holds no {CONFIG}: not a head of this project (a head in the EAGLE layout "
@@ -40,9 +47,11 @@ def write_eagle(head_dir: str | Path, out: str | Path, target_config) -> list[st
     vocab = state.pop("draft_vocab", None)
     norm = "layers.0.post_attention_layernorm"
     tensors = {(f"{norm}.weight" if name == norm else name): t.contiguous() for name, t in state.items()}
-    dtype = str(tensors["fc.weight"].dtype).removeprefix("torch.")
+    tensors.setdefault("fc.bias", tensors["fc.weight"].new_zeros(c.hidden_size))
+    qwen = layout == "sglang" and c.attention_bias  # SGLang's Llama layer has no switch for biases on q, k, v only
+    architecture = {"vllm": "LlamaForCausalLM", "sglang": "Qwen2ForCausalLMEagle" if qwen else "LlamaForCausalLMEagle"}
     config = {
-        "architectures": ["LlamaForCausalLM"], "model_type": "llama", "num_hidden_layers": 1,
+        "architectures": [architecture[layout]], "model_type": "qwen2" if qwen else "llama", "num_hidden_layers": 1,
         "hidden_size": c.hidden_size, "intermediate_size": c.intermediate_size, "hidden_act": "silu",
         "num_attention_heads": c.num_attention_heads, "num_key_value_heads": c.num_key_value_heads,
         "head_dim": c.head_dim, "rms_norm_eps": c.rms_norm_eps, "rope_theta": c.rope_theta,
@@ -52,8 +61,9 @@ def write_eagle(head_dir: str | Path, out: str | Path, target_config) -> list[st
         "max_position_embeddings": getattr(target_config, "max_position_embeddings", 4096),
         "bos_token_id": getattr(target_config, "bos_token_id", None),
         "eos_token_id": getattr(target_config, "eos_token_id", None),
-        "tie_word_embeddings": False, "torch_dtype": dtype,
+        "tie_word_embeddings": False, "torch_dtype": str(tensors["fc.weight"].dtype).removeprefix("torch."),
     }
+
     def write_config(file: Path) -> None:
         file.write_text(json.dumps(config, indent=2) + "\n")
 
@@ -64,7 +74,7 @@ def write_eagle(head_dir: str | Path, out: str | Path, target_config) -> list[st
     if vocab is not None:
         notes.append(f"the head drafts from its {vocab.numel()} most frequent tokens here; the EAGLE-1 layout has no "
                      f"draft vocabulary, so there it drafts from all {target_config.vocab_size}")
-    if c.fc_bias:
+    if c.fc_bias and layout == "vllm":
         notes.append("its fc has a bias, which vLLM's eagle layer has no place for: vLLM skips it")
     return notes
 

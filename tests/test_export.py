@@ -7,6 +7,8 @@ The engines' options, as their documentation lists them:
   002e77c1f0ef9b19cff8b9e21cfbd6feb3d6b443), passed as JSON to `vllm serve MODEL --speculative-config`; its EAGLE-1
   weight names from vllm/model_executor/models/llama_eagle.py (commit 00da92319af4b2ad2cde8525b7b609c779bdc52f) and
   the Llama layer's `qkv_bias` from vllm/model_executor/models/llama.py.
+- SGLang's EAGLE-1 classes: python/sglang/srt/models/llama_eagle.py (LlamaForCausalLMEagle, commit
+  034b3be819faf3f84c5aae5a4cda27bdf2e12de0) and qwen2_eagle.py (Qwen2ForCausalLMEagle), each with `fc` biased.
 - SGLang: docs/advanced_features/server_arguments.md (github.com/sgl-project/sglang, commit
   b36e8e198b71553316b55bce53de6ecf9b3a9a47), sections "Model and tokenizer", "Speculative decoding" and "Ngram
   speculative decoding".
@@ -44,7 +46,7 @@ VLLM_SPECULATIVE_CONFIG_KEYS = {
     "rejection_sample_method", "draft_sample_method",
 }
 VLLM_METHODS = {"ngram", "medusa", "mlp_speculator", "draft_model", "suffix", "custom_class", "eagle", "eagle3"}
-VLLM_EAGLE_WEIGHTS = {"fc.weight", "layers.0.self_attn.q_proj.weight", "layers.0.self_attn.k_proj.weight",
+VLLM_EAGLE_WEIGHTS = {"fc.weight", "fc.bias", "layers.0.self_attn.q_proj.weight", "layers.0.self_attn.k_proj.weight",
                       "layers.0.self_attn.v_proj.weight", "layers.0.self_attn.o_proj.weight",
                       "layers.0.mlp.gate_proj.weight", "layers.0.mlp.up_proj.weight", "layers.0.mlp.down_proj.weight",
                       "layers.0.post_attention_layernorm.weight"}
@@ -191,7 +193,8 @@ def our_eagle(pair_dirs, tmp_path_factory):
 def test_the_eagle_layout_has_the_names_vllm_loads(our_eagle, tmp_path):
     notes = write_eagle(our_eagle, tmp_path / "layout", tiny_model().config)
     weights = load_file(str(tmp_path / "layout" / "model.safetensors"))
-    assert set(weights) == VLLM_EAGLE_WEIGHTS
+    assert set(weights) == VLLM_EAGLE_WEIGHTS  # fc.bias: zeros, for SGLang's biased fc (vLLM skips it)
+    assert not weights["fc.bias"].any()
     config = json.loads((tmp_path / "layout" / "config.json").read_text())
     assert config["architectures"] == ["LlamaForCausalLM"] and config["num_hidden_layers"] == 1
     assert AutoConfig.for_model(**config).hidden_size == 32  # transformers reads it as a Llama config
@@ -206,7 +209,7 @@ def test_an_exported_eagle_head_drafts_the_same_tokens_as_ours(our_eagle, tmp_pa
     write_eagle(our_eagle, tmp_path / "layout", model.config)
     ours, theirs = load_head(our_eagle, model), load_head(tmp_path / "layout", model)
     ours.vocab, ours.out = None, model.get_output_embeddings().weight.detach()  # the whole vocabulary, as theirs
-    assert theirs.config == ours.config
+    assert theirs.config == HeadConfig(**{**ours.config.__dict__, "fc_bias": True})  # a bias of zeros
     ids = [5, 17, 42, 8, 5, 17, 42, 9, 33]
     drafts = []
     for head in (ours, theirs):
@@ -217,14 +220,22 @@ def test_an_exported_eagle_head_drafts_the_same_tokens_as_ours(our_eagle, tmp_pa
     assert drafts[0].tokens and drafts[0].tokens == drafts[1].tokens and drafts[0].parents == drafts[1].parents
 
 
-def test_a_qwen_style_head_keeps_its_qkv_biases(tmp_path):
+@pytest.mark.parametrize("layout, architecture", [("vllm", "LlamaForCausalLM"), ("sglang", "Qwen2ForCausalLMEagle")])
+def test_a_qwen_style_head_keeps_its_qkv_biases(tmp_path, layout, architecture):
     model = tiny_model(dtype=torch.float32)
     config = HeadConfig(**{**eagle_config(model.config, 48).__dict__, "attention_bias": True})
     save_head(tmp_path / "ours", config, build(config), None, {}, dtype=torch.float32)
-    write_eagle(tmp_path / "ours", tmp_path / "layout", model.config)
-    assert json.loads((tmp_path / "layout" / "config.json").read_text())["qkv_bias"] is True
+    write_eagle(tmp_path / "ours", tmp_path / "layout", model.config, layout)
+    written = json.loads((tmp_path / "layout" / "config.json").read_text())
+    assert written["qkv_bias"] is True and written["architectures"] == [architecture]
     assert "layers.0.self_attn.q_proj.bias" in load_file(str(tmp_path / "layout" / "model.safetensors"))
     assert load_head(tmp_path / "layout", model).config.attention_bias
+
+
+def test_the_sglang_layout_names_sglangs_eagle_class(our_eagle, tmp_path):
+    write_eagle(our_eagle, tmp_path / "layout", tiny_model().config, "sglang")
+    assert json.loads((tmp_path / "layout" / "config.json").read_text())["architectures"] == ["LlamaForCausalLMEagle"]
+    assert set(load_file(str(tmp_path / "layout" / "model.safetensors"))) == VLLM_EAGLE_WEIGHTS
 
 
 def test_train_head_exports_an_eagle_head_and_refuses_a_medusa_one(pair_dirs, our_eagle, tmp_path, capsys):
