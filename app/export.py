@@ -42,6 +42,7 @@ class Serving:
     drafter_gguf: str | None = None
     eagle: str | None = None
     eagle_notes: tuple[str, ...] = ()
+    token_map: str | None = None  # SGLang's: the token ids the head drafts from
 
 
 @dataclass(frozen=True)
@@ -126,9 +127,10 @@ def _sglang(kind: str | None, serving: Serving, s: StrategySettings, notes: list
     if kind == "eagle":
         notes.extend(serving.eagle_notes)
         # EAGLE-2's tree as SGLang shapes it: gamma levels, `head_branch` children a node, the verify width in all
+        token_map = ["--speculative-token-map", serving.token_map] if serving.token_map else []
         return argv + ["--speculative-draft-model-path", str(serving.eagle), "--speculative-num-steps", str(s.gamma),
                        "--speculative-eagle-topk", str(s.head_branch),
-                       "--speculative-num-draft-tokens", str(s.verify_width)]
+                       "--speculative-num-draft-tokens", str(s.verify_width), *token_map]
     return argv + ["--speculative-draft-model-path", str(serving.drafter), "--speculative-num-steps", str(s.gamma),
                    "--speculative-eagle-topk", "1", "--speculative-num-draft-tokens", str(s.gamma + 1)]
 
@@ -162,15 +164,16 @@ def serving(engine: str, target: str, drafter: str | None, eagle_head: str | Non
     used as it is. Imports torch; ModelLoadError (one line) where a file cannot be made."""
     from models.loading import model_files
     from models.presets import default_cache_dir
-    from sampling.head_layouts import LAYOUTS, write_eagle
+    from sampling.head_layouts import LAYOUTS, TOKEN_MAP, write_eagle
     from sampling.heads import CONFIG
 
     target_files = model_files(target, cache_dir, progress)
     drafter_files = model_files(drafter, cache_dir, progress) if drafter is not None else None
-    eagle, notes = eagle_head, tuple[str, ...]()
+    eagle, notes, token_map = eagle_head, tuple[str, ...](), None
     if eagle_head is not None and (Path(eagle_head) / CONFIG).is_file() and engine in LAYOUTS:
         name = f"{Path(eagle_head).resolve().name}-{engine}"
         eagle = str((cache_dir or default_cache_dir()) / "exports" / name)
         notes = tuple(write_eagle(eagle_head, eagle, target_config, layout=engine))
+        token_map = str(Path(eagle) / TOKEN_MAP) if (Path(eagle) / TOKEN_MAP).is_file() else None
     return Serving(target_files.folder, target_files.gguf, drafter_files.folder if drafter_files else None,
-                   drafter_files.gguf if drafter_files else None, eagle, notes)
+                   drafter_files.gguf if drafter_files else None, eagle, notes, token_map)

@@ -15,6 +15,7 @@ from sampling.heads import CONFIG, FORMAT, WEIGHTS, HeadConfig
 from utils.files import write_atomically
 
 EAGLE_WEIGHTS = "model.safetensors"
+TOKEN_MAP = "token_map.pt"  # SGLang's --speculative-token-map: the token ids the head drafts from (FR-Spec)
 LAYOUTS = ("vllm", "sglang")
 # What serving engines do otherwise with an exported head (one line: the export says it)
 EAGLE_DIFFERENCES = ("vLLM's eagle method and SGLang's EAGLE run it as one decoder layer without its input norm over "
@@ -29,7 +30,9 @@ def write_eagle(head_dir: str | Path, out: str | Path, target_config, layout: st
 
     `layout`: "vllm", the authors' own config (LlamaForCausalLM, which vLLM's eagle method maps to its EAGLE layer), or
     "sglang", whose config names SGLang's EAGLE classes (LlamaForCausalLMEagle; Qwen2ForCausalLMEagle for a head with
-    biases on q, k and v). Both hold an fc.bias (zeros for a head without one): SGLang's fc has one, vLLM skips it."""
+    biases on q, k and v), and beside it the head's draft vocabulary as SGLang's token map (TOKEN_MAP). Both hold an
+    fc.bias (zeros for a head without one): SGLang's fc has one, vLLM skips it."""
+    import torch
     from safetensors.torch import load_file, save_file
 
     if layout not in LAYOUTS:
@@ -69,9 +72,14 @@ def write_eagle(head_dir: str | Path, out: str | Path, target_config, layout: st
 
     out.mkdir(parents=True, exist_ok=True)
     write_atomically(out / EAGLE_WEIGHTS, lambda file: save_file(tensors, str(file)))
+    (out / TOKEN_MAP).unlink(missing_ok=True)
+    if vocab is not None and layout == "sglang":
+        write_atomically(out / TOKEN_MAP, lambda file: torch.save(vocab.to(torch.int64), file))
     write_atomically(out / "config.json", write_config)  # the config last: a folder with one is whole
     notes = [EAGLE_DIFFERENCES]
-    if vocab is not None:
+    if vocab is not None and layout == "sglang":
+        notes.append(f"SGLang drafts from the head's own {vocab.numel()} tokens (its token map, FR-Spec's)")
+    elif vocab is not None:
         notes.append(f"the head drafts from its {vocab.numel()} most frequent tokens here; the EAGLE-1 layout has no "
                      f"draft vocabulary, so there it drafts from all {target_config.vocab_size}")
     if c.fc_bias and layout == "vllm":

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import shlex
+from pathlib import Path
 
 import pytest
 import torch
@@ -67,7 +68,8 @@ LLAMACPP_SPEC_TYPES = {"none", "draft-simple", "draft-eagle3", "draft-mtp", "dra
                        "ngram-simple", "ngram-map-k", "ngram-map-k4v", "ngram-mod", "ngram-cache"}
 
 SERVING = Serving("/models/target", "/models/target.gguf", "/models/drafter", "/models/drafter.gguf",
-                  "/heads/eagle-layout", ("the head drafts from all of the vocabulary there",))
+                  "/heads/eagle-layout", ("the head drafts from all of the vocabulary there",),
+                  "/heads/eagle-layout/token_map.pt")
 SETTINGS = StrategySettings(gamma=5, lookup_min_ngram=2, lookup_max_ngram=4, head_branch=3, verify_width=9)
 
 
@@ -143,6 +145,7 @@ def test_an_eagle_head_is_served_where_the_engine_can_and_named_where_it_cannot(
     assert (sglang["--speculative-algorithm"], sglang["--speculative-draft-model-path"],
             sglang["--speculative-eagle-topk"], sglang["--speculative-num-draft-tokens"]) == ("EAGLE", SERVING.eagle,
                                                                                              "3", "9")
+    assert sglang["--speculative-token-map"] == SERVING.token_map
     llamacpp = export("llamacpp", SERVING, ("eagle",), SETTINGS)
     assert check_llamacpp(llamacpp.argv)["--spec-type"] == "draft-simple"
     note = llamacpp.notes[0]
@@ -232,10 +235,14 @@ def test_a_qwen_style_head_keeps_its_qkv_biases(tmp_path, layout, architecture):
     assert load_head(tmp_path / "layout", model).config.attention_bias
 
 
-def test_the_sglang_layout_names_sglangs_eagle_class(our_eagle, tmp_path):
-    write_eagle(our_eagle, tmp_path / "layout", tiny_model().config, "sglang")
+def test_the_sglang_layout_names_sglangs_eagle_class_and_keeps_the_draft_vocabulary(our_eagle, tmp_path):
+    notes = write_eagle(our_eagle, tmp_path / "layout", tiny_model().config, "sglang")
     assert json.loads((tmp_path / "layout" / "config.json").read_text())["architectures"] == ["LlamaForCausalLMEagle"]
     assert set(load_file(str(tmp_path / "layout" / "model.safetensors"))) == VLLM_EAGLE_WEIGHTS
+    token_map = torch.load(tmp_path / "layout" / "token_map.pt", weights_only=True)  # as SGLang reads it
+    assert token_map.tolist() == list(range(90)) and any("own 90 tokens" in note for note in notes)
+    write_eagle(our_eagle, tmp_path / "layout", tiny_model().config, "vllm")  # vLLM's has no place for it
+    assert not (tmp_path / "layout" / "token_map.pt").exists()
 
 
 def test_train_head_exports_an_eagle_head_and_refuses_a_medusa_one(pair_dirs, our_eagle, tmp_path, capsys):
@@ -299,3 +306,17 @@ def test_chat_export_command_prints_and_writes(pair_dirs, tmp_path):
     console.file.seek(0)
     dispatch(app, "/export tgi")
     assert "expected an engine: vllm, sglang, llamacpp" in console.file.getvalue()
+
+
+def test_infer_export_writes_the_head_in_the_layout_each_engine_loads(pair_dirs, our_eagle, tmp_path, capsys):
+    argv = ["--target", str(pair_dirs[0]), "--head", str(our_eagle), "--strategy", "eagle", "--cache-dir",
+            str(tmp_path)]
+    assert infer.main([*argv, "--export", "sglang"]) == 0
+    options = flags(shlex.split(capsys.readouterr().out.strip()))
+    layout = Path(options["--speculative-draft-model-path"])
+    assert json.loads((layout / "config.json").read_text())["architectures"] == ["LlamaForCausalLMEagle"]
+    assert options["--speculative-token-map"] == str(layout / "token_map.pt")
+    assert infer.main([*argv, "--export", "vllm"]) == 0
+    config = json.loads(shlex.split(capsys.readouterr().out.strip())[-1])
+    assert config["method"] == "eagle" and config["model"] != str(layout)
+    assert json.loads((Path(config["model"]) / "config.json").read_text())["architectures"] == ["LlamaForCausalLM"]
