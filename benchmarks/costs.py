@@ -50,9 +50,14 @@ def measure_costs(target: CachedModel, drafter: CachedModel | None, context: lis
         repeats=repeats,
         t_target_1=time_forward(target, context, probe[:1], repeats),
         t_target_verify=by_gamma[gamma],
-        t_draft_1=time_forward(drafter, context, probe[:1], repeats) if drafter is not None else None,
+        t_draft_1=None if drafter is None else time_forward(drafter, *_within(drafter, context, probe[:1]), repeats),
         t_target_verify_by_gamma=by_gamma,
     )
+
+
+def _within(lm: CachedModel, *ids: list[int]) -> list[list[int]]:
+    """Token ids the model can embed (a drafter of another tokenizer has fewer): only their count matters here."""
+    return [[t % lm.vocab_size for t in part] for part in ids]
 
 
 def timing_context(prompts, encode, max_new_tokens: int, limit: int) -> list[int]:
