@@ -245,3 +245,41 @@ def test_greedy_processor_is_what_the_drafter_drafts_with(qwen, smollm2, models)
     draft = cross.propose(qwen.encode("Hello there"), 5, GreedyProcessor(), None)
     assert 0 < len(draft) <= 5 and draft.q is None
     assert all(0 <= t < len(qwen) for t in draft.tokens)
+
+
+# ---------------------------------------------------------------------------------------------
+# The chat
+
+
+def test_the_chat_takes_a_drafter_of_another_tokenizer_and_stats_show_re_tokenizing(tmp_path):
+    import io
+
+    from rich.console import Console
+
+    from chat.app import ChatApp
+    from chat.commands import Outcome, dispatch
+    from chat.session import ChatSession, ChatSettings, ModelInfo
+    from models.loading import load_pair
+    from tests.helpers import save_tiny_checkpoint
+
+    target = save_tiny_checkpoint(tmp_path / "target", seed=0)  # a byte-level BPE vocabulary
+    drafter = save_tiny_checkpoint(tmp_path / "drafter", seed=1, tokenizer=word_tokenizer(words=200))
+    pair = load_pair(str(target), str(drafter), device="cpu", dtype="float64", progress=False)
+    assert pair.vocab_notice and pair.tokenizers
+    session = ChatSession(pair.target.tokenizer, pair.target.model, pair.drafter.model, pair.end_ids,
+                          ChatSettings(max_new_tokens=12, strategies=("speculative", "autoregressive")),
+                          drafter_tokenizer=pair.tokenizers[1])
+    app = ChatApp(session, Console(file=io.StringIO(), width=240, color_system=None),
+                  ModelInfo("target", "drafter", "float64", "cpu"))
+
+    turn = app.ask("Hello there, w1 w2 w3")
+
+    speculative, plain = turn.runs
+    assert speculative.result.token_ids == plain.result.token_ids
+    assert speculative.stats.drafted > 0 and speculative.stats.extra["retokenize_us"] > 0
+    app.console.file.seek(0)
+    app.console.file.truncate()
+    assert dispatch(app, "/stats") is Outcome.CONTINUE
+    assert "re-tokenizing" in app.console.file.getvalue()
+    with pytest.raises(ValueError, match="target's tokenizer"):
+        session.configure(ChatSettings(strategies=("drafter",)))
