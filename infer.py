@@ -275,10 +275,12 @@ def run(args: argparse.Namespace, chosen: Decoding, console: Console, errors: Co
     settings = make_settings(args, chosen, strategies)
     if settings.chat_template and not pair.target.tokenizer.chat_template:
         errors.print("the target's tokenizer has no chat template: raw completion", style="yellow")
+    if pair.vocab_notice:
+        errors.print(pair.vocab_notice, style="yellow", markup=False, soft_wrap=True)
     info = model_info(pair, choice.target, choice.drafter, args.cache_dir)
     session = ChatSession(pair.target.tokenizer, pair.target.model, pair.drafter.model if pair.drafter else None,
                           pair.end_ids, settings, drafter_prefill_model=pair.drafter.dense if pair.drafter else None,
-                          heads=heads)
+                          heads=heads, drafter_tokenizer=pair.tokenizers[1] if pair.tokenizers else None)
     session.keep_settings = chosen.explicit
     session.warm_up()
     session.adopt(probe_and_calibrate(session.target, session.drafter, records_for(pair, args.cache_dir),

@@ -133,8 +133,11 @@ class ChatSession:
     keep_after_drop = 0.5  # the share of the prompt room a conversation that outgrew the context is cut down to
 
     def __init__(self, tokenizer, target_model, drafter_model=None, end_ids: tuple[int, ...] = (),
-                 settings: ChatSettings = ChatSettings(), drafter_prefill_model=None, heads: dict | None = None):
+                 settings: ChatSettings = ChatSettings(), drafter_prefill_model=None, heads: dict | None = None,
+                 drafter_tokenizer=None):
+        """`drafter_tokenizer`: the drafter's, where its vocabulary differs from the target's (it then drafts text)."""
         self.tokenizer = tokenizer
+        self.tokenizers = None if drafter_tokenizer is None else (tokenizer, drafter_tokenizer)
         self.heads = dict(heads or {})  # the trained draft heads by kind (eagle, medusa)
         self.target = CachedModel(target_model)
         self.drafter = CachedModel(drafter_model, drafter_prefill_model) if drafter_model is not None else None
@@ -213,7 +216,7 @@ class ChatSession:
             raise ValueError(f"strategy {headless[0]!r} needs a trained {headless[0]} head (start with --head DIR)")
         keep = self._strategies if settings.strategy == self.settings.strategy else {}
         built = {name: keep.get(name) or build_strategy(name, self.target, self.drafter, settings.strategy,
-                                                         self.heads)
+                                                         self.heads, self.tokenizers)
                  for name in settings.strategies}
         self._strategies = {**keep, **built}
         self.settings = settings
