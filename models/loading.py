@@ -40,6 +40,7 @@ class LoadedModel:
     quantize: str = "none"  # what was applied: "none" | "int8" | "int4" | "q4k" | "gguf" | "q8_0"
     dense: PreTrainedModel | None = None  # a quantized model's weights before quantizing, when asked for (prefill)
     placement: str = ""  # where a device map put its layers (`models.placement.describe`); "" on one device
+    requantized: int = 0  # gguf: layers the file holds in types the kernels lack, quantized to Q8_0 at load
 
     @property
     def label(self) -> str:
@@ -52,8 +53,9 @@ class LoadedModel:
         if self.quantize == "gguf":
             kinds = sorted({m.block_type for m in self.model.modules()
                             if isinstance(m, (blocks.BlockLinear, blocks.BlockEmbedding))})
-            return (f"the GGUF's own {', '.join(kinds)} blocks ({kernels.isa()} kernels {kernels.build_id()}, int8 "
-                    "activations), the rest float32")
+            rest = f", {self.requantized} layers of other types as Q8_0" if self.requantized else ""
+            return (f"the GGUF's own {', '.join(kinds)} blocks{rest} ({kernels.isa()} kernels {kernels.build_id()}, "
+                    "int8 activations), the rest float32")
         if self.quantize == "q8_0":
             return (f"Q8_0 blocks quantized at load ({kernels.isa()} kernels {kernels.build_id()}, int8 activations), "
                     "the rest float32")
@@ -85,8 +87,12 @@ def load_model(
     verify: bool = False,
     progress: bool = True,
     placement: Placement | None = None,
+    requantize_rest: bool = False,
 ) -> LoadedModel:
     """Load `spec` (embedded name, saved directory, .gguf file or Hub id) in eval mode on `device`.
+
+    `requantize_rest`: with "auto" resolved to gguf, the layers the file holds in types the kernels lack (Q4_1, ...)
+    are quantized to Q8_0 blocks at load instead of running dense, a change of weights only a drafter may take.
 
     `placement`: the model's layers where its device map puts them (`models.placement`), instead of on `device`: dense
     weights only (quantize "auto" loads them; another format is refused in one line).
@@ -122,11 +128,12 @@ def load_model(
         model, tokenizer = _from_pretrained(spec, source, read_dtype, trust_remote_code)
     model.to(torch_device)  # type: ignore[arg-type]  # transformers' decorator on `to` hides its signature
     model.eval()
-    dense = None
+    dense, requantized = None, 0
     if quantize == "gguf":
         # prefill runs on the same kernels: no dense copy
         _apply_file_weights(model, blocks.apply, str(gguf),
                             f"{', '.join(kernels.BLOCKS)} weights. Fix: use int4 for other types.")
+        requantized = len(blocks.quantize_dense(model)) if requantize_rest and asked == "auto" else 0
         model.float()  # norms and biases (and a layer in another type); the blocks are uint8 and stay
     elif quantize == "q8_0":
         if not blocks.quantize_dense(model):
@@ -147,7 +154,7 @@ def load_model(
         if weights is not None and packs and torch_device.type == "cpu" and prepack_available(torch_dtype):
             prepack(weights)
     return LoadedModel(model=model, tokenizer=tokenizer, name=source.name, source=source.location, quantize=quantize,
-                       dense=dense)
+                       dense=dense, requantized=requantized)
 
 
 def _load_placed(spec: str, placement: Placement, dtype: str, quantize: str, trust_remote_code: bool,
@@ -366,7 +373,8 @@ def load_pair(
     loaded_target = load(target, quantize=target_quantize, placement=target_placement)
     loaded_drafter, notice = None, None
     if drafter is not None:
-        loaded_drafter = load(drafter, quantize=drafter_quantize, keep_dense=True, placement=drafter_placement)
+        loaded_drafter = load(drafter, quantize=drafter_quantize, keep_dense=True, placement=drafter_placement,
+                              requantize_rest=True)  # its weights never change the output
         notice = vocab_notice(loaded_target.tokenizer, loaded_drafter.tokenizer)
     end_ids = end_token_ids(loaded_target.tokenizer, loaded_target.model.generation_config)
     return LoadedPair(target=loaded_target, drafter=loaded_drafter, end_ids=end_ids, vocab_notice=notice)
