@@ -34,6 +34,7 @@ import sys
 from dataclasses import asdict
 from pathlib import Path
 
+from models.presets import EMBEDDED, QUANTIZE_CHOICES
 from training.budget import Budget
 from training.data import make_data
 from training.held_out import held_out_tokens_per_step
@@ -59,6 +60,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--prompts", nargs="+", default=[],
                    help="JSONL prompt files, one object per line with `turns` (a list of strings: the first is asked)")
     p.add_argument("--dtype", default="float32", help="the target's dtype while making the data (default float32)")
+    p.add_argument("--target-quantize", choices=QUANTIZE_CHOICES,
+                   help="the target's weights while making the data; default: gguf for a GGUF-backed target (an "
+                        "embedded name or a .gguf file: the GGUF's own blocks on the project's kernels, the target "
+                        "the chat runs; dense --dtype weights, said in one line, where they cannot run), else none "
+                        "(dense --dtype weights)")
     p.add_argument("--device", default="auto")
     p.add_argument("--max-new-tokens", type=int, default=256, help="the longest answer per prompt")
     p.add_argument("--batch", type=int, default=8, help="answers generated together")
@@ -191,7 +197,10 @@ def run(args, prompts: list[str], budget: Budget, argv: list[str] | None) -> int
     torch.manual_seed(args.seed)
     random.Random(args.seed).shuffle(prompts)
     try:
-        loaded = load_model(args.target, device=args.device, dtype=args.dtype, progress=not args.no_progress)
+        gguf_backed = args.target in EMBEDDED or args.target.lower().endswith(".gguf")
+        quantize = args.target_quantize or ("gguf" if gguf_backed else "none")
+        loaded = load_model(args.target, device=args.device, dtype=args.dtype, quantize=quantize,
+                            progress=not args.no_progress)
     except ModelLoadError as error:
         print(f"error: {error}", file=sys.stderr)
         return FAILED_EXIT
@@ -218,7 +227,8 @@ def run(args, prompts: list[str], budget: Budget, argv: list[str] | None) -> int
                                            seconds=max(budget.left(), 0.0))
                   if held_rows else {})
     tokens = sum(len(r["ids"]) - r["start"] for r in data)
-    info = {"target": loaded.name, "target_source": loaded.source, "answers": len(data), "held_out_answers": held,
+    info = {"target": loaded.name, "target_source": loaded.source, "target_format": loaded.format,
+            "answers": len(data), "held_out_answers": held,
             "answer_tokens": tokens, "draft_vocab": None if vocab is None else len(vocab),
             "data_seconds": round(data_seconds), "train_seconds": round(stats["seconds"]), "epochs": stats["epoch"],
             "steps": stats["step"], "stopped_by": stats["stopped_by"], "held_out": evaluation,

@@ -6,6 +6,7 @@ take its directory as --target/--drafter).
 from __future__ import annotations
 
 import copy
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -222,3 +223,20 @@ def heavy_modules_imported(script: str, argv: list[str]) -> list[str]:
             "print('imported:', *[m for m in ('torch', 'transformers') if m in sys.modules])")
     done = subprocess.run([sys.executable, "-c", code, *argv], cwd=REPO, capture_output=True, text=True, timeout=120)
     return done.stdout.splitlines()[-1].split()[1:]
+
+
+def q4k_gguf(tmp_path: Path, monkeypatch) -> tuple[Path, Path]:
+    """A .gguf spec holding a tiny model's decoder linears in Q4_K, converted (faked) into that very model: the path
+    and a saved directory of the same model."""
+    directory = save_tiny_checkpoint(tmp_path / "tiny", hidden=256, intermediate=512)
+    from transformers import AutoModelForCausalLM
+
+    from models import store as model_cache
+
+    model = AutoModelForCausalLM.from_pretrained(directory)
+    gguf_path = tmp_path / "my-model.gguf"
+    write_q4k_gguf(gguf_path, model)
+    model.save_pretrained(directory)  # with the file's weights
+    monkeypatch.setattr(model_cache, "convert_gguf",
+                        lambda path, dest: shutil.copytree(directory, dest, dirs_exist_ok=True))
+    return gguf_path, directory

@@ -35,7 +35,7 @@ from models.loading import LoadedModel, load_model, load_pair
 from models.presets import EMBEDDED, PRESETS, EmbeddedModel, ModelLoadError, Preset, default_cache_dir, resolve_preset
 from models.store import CacheLayout, is_complete
 from models.vocab import end_token_ids, vocab_notice
-from tests.helpers import WORD_CHAT_TEMPLATE, save_tiny_checkpoint, word_tokenizer, write_q4k_gguf
+from tests.helpers import WORD_CHAT_TEMPLATE, q4k_gguf, save_tiny_checkpoint, word_tokenizer
 from utils.errors import REASON_CHARS, one_line
 
 REPO = Path(__file__).resolve().parent.parent
@@ -794,19 +794,6 @@ def test_a_bad_native_bf16_override_is_refused(monkeypatch):
     monkeypatch.setenv(devices.NATIVE_BF16_ENV, "yes")
     with pytest.raises(ModelLoadError, match="must be 0 or 1"):
         devices.cpu_supports_bf16()
-
-
-def q4k_gguf(tmp_path: Path, monkeypatch) -> tuple[Path, Path]:
-    """A .gguf spec holding a tiny model's decoder linears in Q4_K, converted (faked) into that very model: the path
-    and a saved directory of the same model."""
-    directory = save_tiny_checkpoint(tmp_path / "tiny", hidden=256, intermediate=512)
-    model = AutoModelForCausalLM.from_pretrained(directory)
-    gguf_path = tmp_path / "my-model.gguf"
-    write_q4k_gguf(gguf_path, model)
-    model.save_pretrained(directory)  # with the file's weights
-    monkeypatch.setattr(model_cache, "convert_gguf",
-                        lambda path, dest: shutil.copytree(directory, dest, dirs_exist_ok=True))
-    return gguf_path, directory
 
 
 def test_q4k_runs_the_gguf_files_own_q4k_weights_and_keeps_the_rest_float32(tmp_path, monkeypatch):

@@ -10,10 +10,11 @@ import time
 import pytest
 import torch
 
+import kernels
 import train_head
 import training.data as training_data
 import training.learning as training_learning
-from tests.helpers import save_tiny_checkpoint
+from tests.helpers import q4k_gguf, save_tiny_checkpoint
 from utils.files import exclusive, write_atomically
 
 
@@ -164,6 +165,19 @@ def test_the_time_budget_bounds_the_whole_run(target, tmp_path):
                                 "--time-budget", "0.1", "--max-new-tokens", "400", "--batch", "8", "--epochs", "1000",
                                 "--held-out", "0.3")) == 0
     assert time.monotonic() - started < 6 + 3  # the budget, and a margin for saving and a loaded machine (was 43 s)
+
+
+@pytest.mark.skipif(kernels.unavailable() is not None, reason=f"kernels: {kernels.unavailable()}")
+def test_a_gguf_target_answers_on_its_own_blocks_unless_told_otherwise(tmp_path, monkeypatch):
+    """The data comes from the target the chat runs: a GGUF-backed target on the GGUF's blocks (the kernels);
+    --target-quantize none makes it from the dense weights."""
+    gguf_path, _ = q4k_gguf(tmp_path, monkeypatch)
+    prompts = prompt_file(tmp_path / "p.jsonl", 4)
+    for quantize, expected in (("gguf", "Q4_K blocks"), ("none", "float32")):
+        out = tmp_path / f"head-{quantize}"
+        assert train_head.main(argv(gguf_path, out, prompts, "--kind", "eagle", "--intermediate", "64",
+                                    "--target-quantize", quantize, "--held-out", "0")) == 0
+        assert expected in training(out)["target_format"] and training(out)["answers"] == 4
 
 
 @pytest.mark.parametrize("lines, flag, message", [
