@@ -150,12 +150,13 @@ def check_export(words: list[str]) -> None:
 
 def run_export(args: argparse.Namespace, chosen: Decoding, choice) -> int:
     """--export: the serving command for the chosen pair, read from the models' files (no weights are loaded)."""
-    from transformers import AutoConfig
+    from transformers import AutoConfig, AutoTokenizer
 
     from app.export import Export, drafting_strategy, export, serving
     from chat.transcript import write_file
     from models.loading import model_files
     from models.presets import ModelLoadError
+    from models.vocab import vocab_notice
     from sampling.head_layouts import head_kind
     from sampling.heads import shipped_heads
     from utils.errors import one_line
@@ -166,8 +167,11 @@ def run_export(args: argparse.Namespace, chosen: Decoding, choice) -> int:
         if args.head else shipped_heads(files.name)
     eagle = next((str(h) for h in heads if head_kind(h) == "eagle"), None)
     try:
+        same_vocab = choice.drafter is None or vocab_notice(
+            AutoTokenizer.from_pretrained(files.folder),
+            AutoTokenizer.from_pretrained(model_files(choice.drafter, args.cache_dir, progress=False).folder)) is None
         served = serving(args.export[0].lower(), choice.target, choice.drafter, eagle,
-                         AutoConfig.from_pretrained(files.folder), args.cache_dir)
+                         AutoConfig.from_pretrained(files.folder), args.cache_dir, same_vocab=same_vocab)
     except (OSError, ValueError) as error:  # a Hub id whose config is not at hand offline, a damaged config
         raise ModelLoadError(f"--export: cannot read the models' configs ({one_line(error)})") from None
     result = export(args.export[0].lower(), served, strategies, chosen.strategy)

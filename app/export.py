@@ -43,6 +43,7 @@ class Serving:
     eagle: str | None = None
     eagle_notes: tuple[str, ...] = ()
     token_map: str | None = None  # SGLang's: the token ids the head drafts from
+    same_vocab: bool = True  # False: the drafter has another tokenizer than the target's
 
 
 @dataclass(frozen=True)
@@ -85,6 +86,14 @@ def _kind(engine: str, strategy: str | None, serving: Serving, notes: list[str])
     kind = KINDS[strategy]
     if kind == "draft" and serving.drafter is None:
         kind = "lookup"
+    if kind == "draft" and not serving.same_vocab:
+        if engine == "vllm":
+            notes.append("a drafter of another tokenizer: vLLM's use_heterogeneous_vocab drafts only the tokens both "
+                         "vocabularies share, greedily (here: the drafter's text, re-tokenized)")
+        else:
+            kind = "lookup"
+            notes.append(f"a drafter of another tokenizer: no {name} equivalent (its draft model shares the "
+                         f"target's vocabulary); nearest: {METHODS[engine][kind]}")
     if kind == "eagle" and (serving.eagle is None or not METHODS[engine]["eagle"]):
         kind = "draft" if serving.drafter is not None else "lookup"
         why = "" if serving.eagle is None else " (llama.cpp drafts with EAGLE-3 heads, and this head is EAGLE-1's)"
@@ -104,6 +113,8 @@ def _vllm(kind: str | None, serving: Serving, s: StrategySettings, notes: list[s
     config: dict[str, Any] = {"method": METHODS["vllm"][kind]}
     if kind == "draft":
         config["model"] = serving.drafter
+        if not serving.same_vocab:
+            config["use_heterogeneous_vocab"] = True
     elif kind == "eagle":
         config["model"] = serving.eagle
         notes.extend(serving.eagle_notes)
@@ -158,7 +169,7 @@ def _gguf(model: str, gguf: str | None, notes: list[str]) -> str:
 
 
 def serving(engine: str, target: str, drafter: str | None, eagle_head: str | None, target_config,
-            cache_dir: Path | None, progress: bool = False) -> Serving:
+            cache_dir: Path | None, progress: bool = False, same_vocab: bool = True) -> Serving:
     """The files of the pair `target`/`drafter` (specs as --target takes them) on disk, and the eagle head in the
     EAGLE layout `engine` loads: one of this project's is written into the cache dir (exports/), a published one is
     used as it is. Imports torch; ModelLoadError (one line) where a file cannot be made."""
@@ -176,4 +187,4 @@ def serving(engine: str, target: str, drafter: str | None, eagle_head: str | Non
         notes = tuple(write_eagle(eagle_head, eagle, target_config, layout=engine))
         token_map = str(Path(eagle) / TOKEN_MAP) if (Path(eagle) / TOKEN_MAP).is_file() else None
     return Serving(target_files.folder, target_files.gguf, drafter_files.folder if drafter_files else None,
-                   drafter_files.gguf if drafter_files else None, eagle, notes, token_map)
+                   drafter_files.gguf if drafter_files else None, eagle, notes, token_map, same_vocab)

@@ -240,7 +240,8 @@ def _export(ctx: Context, arg: str) -> None:
     try:
         with ctx.console.status("finding the models' files …"):
             served = serving(engine.lower(), info.target_spec, info.drafter_spec,
-                             head.info.get("path") if head else None, session.target.model.config, info.cache_dir)
+                             head.info.get("path") if head else None, session.target.model.config, info.cache_dir,
+                             same_vocab=session.tokenizers is None)
     except (ModelLoadError, OSError) as error:
         raise UsageError(f"cannot find the models' files: {error}") from None
     result = export(engine.lower(), served, session.settings.strategies, session.settings.strategy)

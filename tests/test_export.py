@@ -127,6 +127,22 @@ def test_a_draft_model_carries_its_path_and_gamma_everywhere():
     assert (llamacpp["-md"], llamacpp["--spec-draft-n-max"]) == (SERVING.drafter_gguf, "5")
 
 
+def test_a_drafter_of_another_tokenizer_is_served_where_the_engine_can_and_named_where_not():
+    """vLLM's draft_model takes one with use_heterogeneous_vocab (vllm/config/speculative.py, PR #38174); SGLang's
+    STANDALONE and llama.cpp's draft model need the target's vocabulary: the nearest is n-grams, said in one line."""
+    other = Serving(SERVING.target, SERVING.target_gguf, SERVING.drafter, SERVING.drafter_gguf, same_vocab=False)
+    vllm = export("vllm", other, ("speculative",), SETTINGS)
+    assert check_vllm(vllm.argv) == {"method": "draft_model", "model": SERVING.drafter, "num_speculative_tokens": 5,
+                                     "use_heterogeneous_vocab": True}
+    assert any("use_heterogeneous_vocab" in note for note in vllm.notes)
+    for engine, check, method in (("sglang", check_sglang, "NGRAM"), ("llamacpp", check_llamacpp, "ngram-simple")):
+        result = export(engine, other, ("speculative",), SETTINGS)
+        options = check(result.argv)
+        assert options.get("--speculative-algorithm", options.get("--spec-type")) == method
+        assert "-md" not in options and "--speculative-draft-model-path" not in options
+        assert any("another tokenizer" in note for note in result.notes)
+
+
 def test_lookup_carries_its_n_gram_sizes():
     vllm = check_vllm(export("vllm", SERVING, ("lookup",), SETTINGS).argv)
     assert vllm == {"method": "ngram", "num_speculative_tokens": 5, "prompt_lookup_min": 2, "prompt_lookup_max": 4}
