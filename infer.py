@@ -21,7 +21,7 @@ if __name__ == "__main__":  # before the imports below: a Ctrl-C while they load
 
 import argparse
 import contextlib
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from rich.console import Console
@@ -300,6 +300,8 @@ def run(args: argparse.Namespace, chosen: Decoding, console: Console, errors: Co
             return run_oneshot(session, info, prompt, console, json_out)
         except ValueError as error:  # the prompt does not fit the context
             raise InputError(str(error)) from None
+    if not args.no_compare:
+        info = replace(info, yardstick=llamacpp_yardstick(pair, args.cache_dir, errors))
     app = ChatApp(session, console, info, history_file(args.cache_dir), compare=not args.no_compare, debug=args.debug)
     return app.run()
 
@@ -324,6 +326,22 @@ def model_info(pair, target_spec: str, drafter_spec: str | None, cache_dir: Path
 
 
 @dataclass(frozen=True)
+def llamacpp_yardstick(pair, cache_dir: Path | None, errors: Console):
+    """llama.cpp's plain speed on the target's GGUF here (`app.yardstick`), timed once and kept; None where it is not
+    built or the target has no embedded GGUF."""
+    from app.yardstick import yardstick
+    from benchmarks.llamacpp import missing_reason
+
+    cache_dir = cache_dir or default_cache_dir()
+    if missing_reason(cache_dir, "llamacpp") is not None:
+        return None
+    with errors.status("timing llama.cpp's plain decoding of the same file (once) …"):
+        found, made = yardstick(pair, cache_dir)
+    if found is not None and made:
+        errors.print(found.line(), style="dim", markup=False, soft_wrap=True)
+    return found
+
+
 class ConsoleReport:
     """The start's lines on stderr (`app.startup.Report`): what went wrong always, what was found out now unless
     `quiet` (--json), not what was kept from an earlier run."""

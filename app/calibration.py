@@ -170,10 +170,10 @@ def load(path: Path, key: dict) -> tuple[Calibration | None, str | None]:
 
 
 def save(path: Path, calibration: Calibration) -> None:
-    _write(path, calibration.as_dict())
+    write_record(path, calibration.as_dict())
 
 
-def _write(path: Path, record: dict) -> None:
+def write_record(path: Path, record: dict) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     text = json.dumps(record, indent=1) + "\n"
 
@@ -215,7 +215,7 @@ def probe(cache_dir: Path, target: CachedModel, key: dict, again: bool = False) 
         return kept, False
     found = invariance.probe(target)
     try:
-        _write(path, {"schema": PROBE_SCHEMA, "key": key, "invariance": found.as_dict()})
+        write_record(path, {"schema": PROBE_SCHEMA, "key": key, "invariance": found.as_dict()})
     except OSError:  # a read-only cache dir: the record still serves this run
         pass
     return found, True

@@ -141,6 +141,7 @@ def for_pair(name: str, pair: LoadedPair, cache_dir: Path) -> tuple[LlamaCpp | N
     import torch
 
     from models.presets import EMBEDDED
+    from models.retokenize import decode
     from models.store import embedded_gguf
 
     reason = missing_reason(cache_dir, name)
@@ -157,6 +158,6 @@ def for_pair(name: str, pair: LoadedPair, cache_dir: Path) -> tuple[LlamaCpp | N
     tokenizer = pair.target.tokenizer
     return LlamaCpp(name, binary(cache_dir, name), ggufs[0], ggufs[1] if len(ggufs) > 1 else None,
                     threads=torch.get_num_threads(),
-                    render=lambda ids: tokenizer.decode(ids, skip_special_tokens=False),
+                    render=lambda ids: decode(tokenizer, ids),  # special tokens kept: the template's own
                     tokenize=lambda text: tokenizer.encode(text, add_special_tokens=False),
                     end_ids=pair.end_ids), None

@@ -189,6 +189,7 @@ def _record(prompt: Prompt, turn: int, prompt_tokens: int, contestant: Contestan
         "accepted_by_position": s.accepted_by_position,
         "target_forwards": s.target_forwards,
         "drafter_forwards": s.drafter_forwards,
+        "drafter_counts": s.extra,  # the drafter's own (re-tokenizing microseconds, lookahead's pool hits)
         "identical_to_autoregressive": (difference is None) if greedy else None,
         "first_difference": difference,
         "token_ids": g.token_ids,

@@ -90,7 +90,8 @@ class ChatApp:
             return None
         self.turns.append(turn)
         if len(turn.runs) > 1:
-            self.console.print(comparison_table(turn_rows(turn), settings.processor.is_greedy))
+            self.console.print(comparison_table(turn_rows(turn), settings.processor.is_greedy,
+                                                yardstick=self.info.yardstick))
         if turn.interrupted:
             warn(self.console, interrupt_notice(turn))
         return turn

@@ -13,6 +13,7 @@ from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
+from app.yardstick import Yardstick
 from chat.session import ChatSession, ModelInfo, Plan, Run
 from chat.turn import Turn, View
 from sampling.base import Round, Stats
@@ -124,9 +125,10 @@ def identical_to_baseline(row: ComparisonRow, baseline: ComparisonRow | None, gr
 
 
 def comparison_table(rows: list[ComparisonRow], greedy: bool = True, baseline: str = BASELINE,
-                     title: str | None = None) -> Table:
+                     title: str | None = None, yardstick: Yardstick | None = None) -> Table:
     """One row per strategy: tokens, tokens/s, speedup over `baseline`, acceptance, tokens/round, time to first
-    token, and (greedy only) whether the output is identical to the baseline's. The fastest row is highlighted."""
+    token, and (greedy only) whether the output is identical to the baseline's. The fastest row is highlighted;
+    `yardstick` (llama.cpp's plain speed timed on this machine) is named below with the fastest rate's share of it."""
     base = next((r for r in rows if r.strategy == baseline), None)
     rates = [r.stats.tokens_per_second for r in rows if r.complete]
     fastest = max(rates) if len(rows) > 1 and rates and max(rates) > 0 else None
@@ -134,6 +136,8 @@ def comparison_table(rows: list[ComparisonRow], greedy: bool = True, baseline: s
     if any(row.identity not in (None, "exact") and identical_to_baseline(row, base, greedy) is False for row in rows):
         caption += "\nNO: greedy identity is not exact on this machine (its kernels round a verify otherwise than a "
         caption += "step; /stats says why)"
+    if yardstick is not None and rates and max(rates) > 0:
+        caption += "\n" + yardstick.versus(max(rates))
     table = Table(title=title, title_justify="left", caption=caption, caption_justify="left", header_style="bold")
     table.add_column("strategy", no_wrap=True)
     for name in ("tokens", "tok/s", "speedup", "accept", "tok/round", "TTFT"):

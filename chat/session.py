@@ -20,6 +20,7 @@ from jinja2 import TemplateError
 
 from app.calibration import Tuning
 from app.startup import Prepared, Records, probe_and_calibrate
+from app.yardstick import Yardstick
 from chat.background import PausableThread
 from models.invariance import Invariance
 from sampling.base import MAX_SEED, DecodeConfig, Result, Round, Stats, Strategy
@@ -60,6 +61,7 @@ class ModelInfo:
     target_spec: str = ""  # the specs the models were loaded from and the cache dir: /export finds their files
     drafter_spec: str | None = None
     cache_dir: Path | None = None
+    yardstick: Yardstick | None = None  # llama.cpp's plain speed on this machine, where it is built
 
 
 @dataclass(frozen=True)

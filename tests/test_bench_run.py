@@ -34,7 +34,7 @@ MEASUREMENT_KEYS = {
     "mean_tokens_per_round": float, "tokens_by_round": list, "drafted": (int, type(None)),
     "accepted": (int, type(None)), "tested": (int, type(None)), "drafted_by_position": (list, type(None)),
     "accepted_by_position": (list, type(None)), "target_forwards": (int, type(None)),
-    "drafter_forwards": (int, type(None)), "identical_to_autoregressive": bool,
+    "drafter_forwards": (int, type(None)), "drafter_counts": dict, "identical_to_autoregressive": bool,
     "first_difference": (int, type(None)), "token_ids": list, "text": str,
 }
 SUMMARY_KEYS = {"runs", "new_tokens", "total_time", "decode_time", "tokens_per_second", "decode_tokens_per_second",

@@ -1,0 +1,72 @@
+"""llama.cpp's plain decoding of the target's own GGUF, timed once on this machine: the speed a CPU user already has,
+which the chat's comparison names beside its own (where `./setup.sh --llamacpp` built llama.cpp and the target is an
+embedded model). Kept with the calibration, under a key of this machine, threads, llama.cpp's version and the file."""
+
+from __future__ import annotations
+
+import datetime
+import json
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from app.calibration import key_file, machine_key, write_record
+
+if TYPE_CHECKING:
+    from models.loading import LoadedPair
+
+SCHEMA = 1
+PROMPT = "Write a Python function that tells whether a number is prime, and explain how it works."
+NEW_TOKENS = 96  # as many as the benchmark's turns
+
+
+@dataclass(frozen=True)
+class Yardstick:
+    tokens_per_second: float  # new tokens over prompt evaluation and generation, llama.cpp's own times (as ours)
+    tokens: int
+    threads: int
+    measured: str  # when, ISO 8601
+
+    def line(self) -> str:
+        return (f"llama.cpp, plain decoding of the same GGUF, timed on this machine ({self.threads} threads, "
+                f"{self.tokens} tokens, {self.measured[:10]}): {self.tokens_per_second:.1f} tok/s")
+
+    def versus(self, tokens_per_second: float) -> str:
+        """`line`, and a rate as a share of it."""
+        return f"{self.line()}; the fastest here: {tokens_per_second / self.tokens_per_second:.2f}× of it"
+
+
+def yardstick(pair: LoadedPair, cache_dir: Path, again: bool = False) -> tuple[Yardstick | None, bool]:
+    """The kept timing for this machine and file, or one made now (seconds) and kept; True when made now. None where
+    llama.cpp is not built here, the target has no embedded GGUF, or llama.cpp fails (the chat goes on without it)."""
+    import torch
+
+    from benchmarks.llamacpp import for_pair, version
+    from benchmarks.prompts import chat_ids
+    from sampling.base import DecodeConfig
+
+    contestant, _ = for_pair("llamacpp", pair, cache_dir)
+    if contestant is None:
+        return None, False
+    key = {**machine_key(pair.target.name, "gguf", None, None, torch.device("cpu")), "llamacpp": version(),
+           "gguf": str(contestant.target_gguf), "new_tokens": NEW_TOKENS}
+    path = key_file(cache_dir, key, "llamacpp")
+    if not again:
+        try:
+            data = json.loads(path.read_text(encoding="utf-8"))
+            if data.get("schema") == SCHEMA and data.get("key") == key:
+                return Yardstick(**data["yardstick"]), False
+        except (OSError, ValueError, KeyError, TypeError):
+            pass
+    prompt = chat_ids(pair.target.tokenizer, [{"role": "user", "content": PROMPT}])
+    try:
+        result = contestant.run(prompt, DecodeConfig(max_new_tokens=NEW_TOKENS, end_ids=pair.end_ids))
+    except (OSError, RuntimeError, ValueError):  # a binary that does not run here: no yardstick, no error
+        return None, False
+    made = Yardstick(round(result.stats.tokens_per_second, 2), result.stats.new_tokens, torch.get_num_threads(),
+                     datetime.datetime.now().astimezone().isoformat(timespec="seconds"))
+    try:
+        write_record(path, {"schema": SCHEMA, "key": key, "yardstick": asdict(made)})
+    except OSError:  # a read-only cache dir: it still serves this run
+        pass
+    return made, True
