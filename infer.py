@@ -325,7 +325,6 @@ def model_info(pair, target_spec: str, drafter_spec: str | None, cache_dir: Path
                      cache_dir=cache_dir)
 
 
-@dataclass(frozen=True)
 def llamacpp_yardstick(pair, cache_dir: Path | None, errors: Console):
     """llama.cpp's plain speed on the target's GGUF here (`app.yardstick`), timed once and kept; None where it is not
     built or the target has no embedded GGUF."""
@@ -342,6 +341,7 @@ def llamacpp_yardstick(pair, cache_dir: Path | None, errors: Console):
     return found
 
 
+@dataclass(frozen=True)
 class ConsoleReport:
     """The start's lines on stderr (`app.startup.Report`): what went wrong always, what was found out now unless
     `quiet` (--json), not what was kept from an earlier run."""
