@@ -290,6 +290,8 @@ def run(args: argparse.Namespace, chosen: Decoding, console: Console, errors: Co
     session.adopt(probe_and_calibrate(session.target, session.drafter, records_for(pair, args.cache_dir),
                                       session.settings.strategy, session.keep_settings, calibrate=args.calibrate,
                                       report=ConsoleReport(errors, quiet=args.json)))
+    if not one_shot and not args.no_compare:  # timed before the drafter compiles in the background
+        info = replace(info, yardstick=llamacpp_yardstick(pair, args.cache_dir, errors))
     compile_drafter = args.compile if args.compile is not None else not one_shot and compiles_by_default(pair)
     if compile_drafter and pair.drafter is not None:
         session.compile_drafter()
@@ -300,8 +302,6 @@ def run(args: argparse.Namespace, chosen: Decoding, console: Console, errors: Co
             return run_oneshot(session, info, prompt, console, json_out)
         except ValueError as error:  # the prompt does not fit the context
             raise InputError(str(error)) from None
-    if not args.no_compare:
-        info = replace(info, yardstick=llamacpp_yardstick(pair, args.cache_dir, errors))
     app = ChatApp(session, console, info, history_file(args.cache_dir), compare=not args.no_compare, debug=args.debug)
     return app.run()
 

@@ -15,9 +15,10 @@ from app.calibration import key_file, machine_key, write_record
 if TYPE_CHECKING:
     from models.loading import LoadedPair
 
-SCHEMA = 1
+SCHEMA = 2
 PROMPT = "Write a Python function that tells whether a number is prime, and explain how it works."
 NEW_TOKENS = 96  # as many as the benchmark's turns
+RUNS = 2
 
 
 @dataclass(frozen=True)
@@ -59,11 +60,13 @@ def yardstick(pair: LoadedPair, cache_dir: Path, again: bool = False) -> tuple[Y
         except (OSError, ValueError, KeyError, TypeError):
             pass
     prompt = chat_ids(pair.target.tokenizer, [{"role": "user", "content": PROMPT}])
-    try:
-        result = contestant.run(prompt, DecodeConfig(max_new_tokens=NEW_TOKENS, end_ids=pair.end_ids))
+    try:  # the faster of two runs, as a timing of ours takes the best of its repeats
+        runs = [contestant.run(prompt, DecodeConfig(max_new_tokens=NEW_TOKENS, end_ids=pair.end_ids))
+                for _ in range(RUNS)]
     except (OSError, RuntimeError, ValueError):  # a binary that does not run here: no yardstick, no error
         return None, False
-    made = Yardstick(round(result.stats.tokens_per_second, 2), result.stats.new_tokens, torch.get_num_threads(),
+    best = max(runs, key=lambda result: result.stats.tokens_per_second)
+    made = Yardstick(round(best.stats.tokens_per_second, 2), best.stats.new_tokens, torch.get_num_threads(),
                      datetime.datetime.now().astimezone().isoformat(timespec="seconds"))
     try:
         write_record(path, {"schema": SCHEMA, "key": key, "yardstick": asdict(made)})
