@@ -328,14 +328,15 @@ def model_info(pair, target_spec: str, drafter_spec: str | None, cache_dir: Path
 def llamacpp_yardstick(pair, cache_dir: Path | None, errors: Console):
     """llama.cpp's plain speed on the target's GGUF here (`app.yardstick`), timed once and kept; None where it is not
     built or the target has no embedded GGUF."""
-    from app.yardstick import yardstick
-    from benchmarks.llamacpp import missing_reason
+    from app.yardstick import PROMPT, yardstick
+    from benchmarks.llamacpp import plain_run
 
     cache_dir = cache_dir or default_cache_dir()
-    if missing_reason(cache_dir, "llamacpp") is not None:
+    runner = plain_run(pair, cache_dir, PROMPT)
+    if runner is None:
         return None
     with errors.status("timing llama.cpp's plain decoding of the same file (once) …"):
-        found, made = yardstick(pair, cache_dir)
+        found, made = yardstick(cache_dir, runner)
     if found is not None and made:
         errors.print(found.line(), style="dim", markup=False, soft_wrap=True)
     return found

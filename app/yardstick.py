@@ -1,6 +1,7 @@
 """llama.cpp's plain decoding of the target's own GGUF, timed once on this machine: the speed a CPU user already has,
 which the chat's comparison names beside its own (where `./setup.sh --llamacpp` built llama.cpp and the target is an
-embedded model). Kept with the calibration, under a key of this machine, threads, llama.cpp's version and the file."""
+embedded model). Kept with the calibration, under a key of this machine, threads, llama.cpp's version and the file.
+The runner is handed in (`Contestant`): the app does not lean on the benchmark's package."""
 
 from __future__ import annotations
 
@@ -8,12 +9,22 @@ import datetime
 import json
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from app.calibration import key_file, machine_key, write_record
 
 if TYPE_CHECKING:
-    from models.loading import LoadedPair
+    from sampling.base import DecodeConfig, Result
+
+
+class Contestant(Protocol):
+    """llama.cpp's plain decoding of one GGUF, on PROMPT (benchmarks.llamacpp makes one: `infer.py` hands it in)."""
+
+    target_name: str
+    version: str
+    gguf: str
+
+    def run(self, config: DecodeConfig) -> Result: ...
 
 SCHEMA = 2
 PROMPT = "Write a Python function that tells whether a number is prime, and explain how it works."
@@ -37,20 +48,15 @@ class Yardstick:
         return f"{self.line()}; the fastest here: {tokens_per_second / self.tokens_per_second:.2f}× of it"
 
 
-def yardstick(pair: LoadedPair, cache_dir: Path, again: bool = False) -> tuple[Yardstick | None, bool]:
-    """The kept timing for this machine and file, or one made now (seconds) and kept; True when made now. None where
-    llama.cpp is not built here, the target has no embedded GGUF, or llama.cpp fails (the chat goes on without it)."""
+def yardstick(cache_dir: Path, llamacpp: Contestant, again: bool = False) -> tuple[Yardstick | None, bool]:
+    """The kept timing for this machine and `llamacpp`'s binary and file, or one made now (seconds, with `llamacpp.run`
+    on PROMPT) and kept; True when made now. None where llama.cpp fails (the chat goes on without it)."""
     import torch
 
-    from benchmarks.llamacpp import for_pair, version
-    from benchmarks.prompts import chat_ids
     from sampling.base import DecodeConfig
 
-    contestant, _ = for_pair("llamacpp", pair, cache_dir)
-    if contestant is None:
-        return None, False
-    key = {**machine_key(pair.target.name, "gguf", None, None, torch.device("cpu")), "llamacpp": version(),
-           "gguf": str(contestant.target_gguf), "new_tokens": NEW_TOKENS}
+    key = {**machine_key(llamacpp.target_name, "gguf", None, None, torch.device("cpu")), "llamacpp": llamacpp.version,
+           "gguf": llamacpp.gguf, "new_tokens": NEW_TOKENS}
     path = key_file(cache_dir, key, "llamacpp")
     if not again:
         try:
@@ -59,10 +65,8 @@ def yardstick(pair: LoadedPair, cache_dir: Path, again: bool = False) -> tuple[Y
                 return Yardstick(**data["yardstick"]), False
         except (OSError, ValueError, KeyError, TypeError):
             pass
-    prompt = chat_ids(pair.target.tokenizer, [{"role": "user", "content": PROMPT}])
     try:  # the faster of two runs, as a timing of ours takes the best of its repeats
-        runs = [contestant.run(prompt, DecodeConfig(max_new_tokens=NEW_TOKENS, end_ids=pair.end_ids))
-                for _ in range(RUNS)]
+        runs = [llamacpp.run(DecodeConfig(max_new_tokens=NEW_TOKENS)) for _ in range(RUNS)]
     except (OSError, RuntimeError, ValueError):  # a binary that does not run here: no yardstick, no error
         return None, False
     best = max(runs, key=lambda result: result.stats.tokens_per_second)

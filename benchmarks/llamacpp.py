@@ -13,7 +13,7 @@ import re
 import subprocess
 import tempfile
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -161,3 +161,29 @@ def for_pair(name: str, pair: LoadedPair, cache_dir: Path) -> tuple[LlamaCpp | N
                     render=lambda ids: decode(tokenizer, ids),  # special tokens kept: the template's own
                     tokenize=lambda text: tokenizer.encode(text, add_special_tokens=False),
                     end_ids=pair.end_ids), None
+
+
+@dataclass(frozen=True)
+class PlainRun:
+    """llama.cpp's plain decoding of a pair's target on one prompt, as `app.yardstick` times it."""
+
+    target_name: str
+    version: str
+    gguf: str
+    contestant: LlamaCpp
+    prompt: list[int]
+    end_ids: tuple[int, ...]
+
+    def run(self, config: DecodeConfig) -> Result:
+        return self.contestant.run(self.prompt, replace(config, end_ids=self.end_ids))
+
+
+def plain_run(pair: LoadedPair, cache_dir: Path, text: str) -> PlainRun | None:
+    """llama.cpp's plain decoding of `pair`'s target on `text` as a chat turn; None where it cannot run here."""
+    from benchmarks.prompts import chat_ids
+
+    contestant, _ = for_pair("llamacpp", pair, cache_dir)
+    if contestant is None:
+        return None
+    prompt = chat_ids(pair.target.tokenizer, [{"role": "user", "content": text}])
+    return PlainRun(pair.target.name, version(), str(contestant.target_gguf), contestant, prompt, pair.end_ids)

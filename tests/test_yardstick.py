@@ -9,8 +9,8 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from app.yardstick import NEW_TOKENS, Yardstick, yardstick
-from benchmarks.llamacpp import binary
+from app.yardstick import NEW_TOKENS, PROMPT, Yardstick, yardstick
+from benchmarks.llamacpp import binary, plain_run
 from chat.render import ComparisonRow, comparison_table
 from models.gguf import locate_parts
 from models.presets import EMBEDDED, ModelLoadError
@@ -46,23 +46,24 @@ def fake_llamacpp(cache_dir, exit_code: int = 0) -> None:
 
 def test_timed_once_then_read_back(pair, tmp_path):
     fake_llamacpp(tmp_path)
+    runner = plain_run(pair, tmp_path, PROMPT)
 
-    made, new = yardstick(pair, tmp_path)
+    made, new = yardstick(tmp_path, runner)
 
     assert new and made is not None and made.threads == torch.get_num_threads()
     answer = pair.target.tokenizer.encode("The quick brown fox", add_special_tokens=False)
     assert made.tokens == len(answer) + 1  # it stopped before NEW_TOKENS: its end token counted, as ours is
     assert made.tokens_per_second == pytest.approx(made.tokens / 4.0, abs=0.01)  # over 1 s + 3 s, llama.cpp's own
     fake_llamacpp(tmp_path, exit_code=1)  # kept: the binary is not run again
-    assert yardstick(pair, tmp_path) == (made, False)
-    assert yardstick(pair, tmp_path, again=True) == (None, False)  # timed again: a failing binary gives none
+    assert yardstick(tmp_path, runner) == (made, False)
+    assert yardstick(tmp_path, runner, again=True) == (None, False)  # timed again: a failing binary gives none
 
 
-def test_none_without_llamacpp_or_an_embedded_target(pair, tmp_path):
-    assert yardstick(pair, tmp_path) == (None, False)
+def test_no_runner_without_llamacpp_or_an_embedded_target(pair, tmp_path):
+    assert plain_run(pair, tmp_path, PROMPT) is None
     fake_llamacpp(tmp_path)
     other = SimpleNamespace(**{**vars(pair), "target": SimpleNamespace(name="my-model", tokenizer=None)})
-    assert yardstick(other, tmp_path) == (None, False)
+    assert plain_run(other, tmp_path, PROMPT) is None
 
 
 def test_the_comparison_names_it_with_the_fastest_rate_share():
