@@ -137,6 +137,8 @@ class Retokenizer:
         keep = (spaced or cuts or [0])[0]
         start = self._ends[keep - 1] if keep else 0
         encoded = self.drafter(text[start:], add_special_tokens=False, return_offsets_mapping=True)
-        self._drafter_ids = self._drafter_ids[:keep] + list(encoded["input_ids"])
-        self._starts = self._starts[:keep] + [start + begin for begin, _ in encoded["offset_mapping"]]
-        self._ends = self._ends[:keep] + [start + end for _, end in encoded["offset_mapping"]]
+        offsets = encoded["offset_mapping"]
+        self._drafter_ids, self._starts, self._ends = (  # together: a Ctrl-C leaves the three lists in step
+            self._drafter_ids[:keep] + list(encoded["input_ids"]),
+            self._starts[:keep] + [start + begin for begin, _ in offsets],
+            self._ends[:keep] + [start + end for _, end in offsets])
