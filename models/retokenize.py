@@ -114,9 +114,9 @@ class Retokenizer:
         started = time.perf_counter()
         behind = target_ids[-self.window:]
         before = decode(self.target, behind)
-        drafts = []
+        drafts, tail = [], self._drafter_ids[-self.window:]  # the look-behind only: no copy of the whole context
         for chain in chains:
-            text = text_after(self.drafter, self._drafter_ids + chain, len(self._drafter_ids), self.window)
+            text = text_after(self.drafter, tail + chain, len(tail), self.window)
             text = swap(text.rstrip(REPLACEMENT), self.to_target)
             ids = self.target.encode(before + text, add_special_tokens=False)
             # Where the committed tokens' text is encoded as themselves again, the draft is what follows; where the

@@ -49,17 +49,19 @@ class CrossVocabDrafter(Drafter):
     def propose(self, ids: list[int], k: int, processor: LogitsProcessor, generator: torch.Generator | None) -> Draft:
         spent = self.retokenizer.seconds
         context = self.retokenizer.context(ids)
-        if len(context) + k > self.inner.max_length:  # its own context is full: the target steps alone
-            return RetokenizedDraft([], retokenize_us=round((self.retokenizer.seconds - spent) * 1e6))
-        own = self.inner.propose(context, k, processor, generator)
-        chains = [[own.tokens[i] for i in own.path(leaf)] for leaf in _leaves(own)]
-        drafts = [chain[:k] for chain in self.retokenizer.draft(ids, chains)]
-        tokens, parents = trie(drafts, self.inner.max_tree)
-        self.inner.proposed = len(drafts[0]) if drafts else 0  # what its adaptive length hears back against
-        retokenize_us = round((self.retokenizer.seconds - spent) * 1e6)
-        if len(drafts) == 1 or parents == list(range(-1, len(tokens) - 1)):
-            return RetokenizedDraft(tokens, forwards=own.forwards, retokenize_us=retokenize_us)
-        return RetokenizedDraft(tokens, parents=parents, forwards=own.forwards, retokenize_us=retokenize_us)
+        tokens: list[int] = []
+        parents: list[int] | None = None
+        forwards = 0
+        if len(context) + k <= self.inner.max_length:  # else its own context is full: the target steps alone
+            own = self.inner.propose(context, k, processor, generator)
+            chains = [[own.tokens[i] for i in own.path(leaf)] for leaf in _leaves(own)]
+            drafts = [chain[:k] for chain in self.retokenizer.draft(ids, chains)]
+            tokens, parents = trie(drafts, self.inner.max_tree)
+            forwards = own.forwards
+            self.inner.proposed = len(drafts[0]) if drafts else 0  # what its adaptive length hears back against
+        chain = parents == list(range(-1, len(tokens) - 1))
+        return RetokenizedDraft(tokens, parents=None if chain else parents, forwards=forwards,
+                                retokenize_us=round((self.retokenizer.seconds - spent) * 1e6))
 
     def feedback(self, ids: list[int], accepted: int, target_logits: Tensor) -> None:
         self.inner.feedback(ids, accepted, target_logits)
