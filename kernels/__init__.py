@@ -35,8 +35,8 @@ def _loaded(cache_dir: Path | None = None) -> str | None:
     return None
 
 
-# The layouts the AVX-512 kernels read (csrc/lanes.h): (weights, bytes) per unit, by type id
-PACKED = {262: (128, 88), 264: (128, 136), 268: (256, 148), 270: (256, 210)}
+# The layouts the AVX-512 and AMX kernels read (csrc/lanes.h): (weights, bytes) per unit of a row, by type id
+PACKED = {262: (128, 88), 264: (128, 136), 268: (256, 148), 270: (256, 210), 524: (256, 148), 526: (256, 210)}
 
 
 def _fake_mm(x: Tensor, w: Tensor, ggml_type: int, out_features: int, bias: Tensor | None = None) -> Tensor:
@@ -45,13 +45,14 @@ def _fake_mm(x: Tensor, w: Tensor, ggml_type: int, out_features: int, bias: Tens
 
 def _fake_pack(w: Tensor, ggml_type: int) -> Tensor:
     cols = w.shape[1] // BLOCK_BYTES[ggml_type][1] * BLOCK_BYTES[ggml_type][0]
-    per_unit, size = PACKED.get(int(torch.ops.specchat.gguf_layout(ggml_type, cols)), BLOCK_BYTES[ggml_type])
+    layout = int(torch.ops.specchat.gguf_layout(ggml_type, cols, w.shape[0]))
+    per_unit, size = PACKED.get(layout, BLOCK_BYTES[ggml_type])
     return w.new_empty(w.shape[0], cols // per_unit * size)
 
 
 def _fake_unpack(w: Tensor, ggml_type: int) -> Tensor:
     per_unit, size = PACKED[ggml_type]
-    per_block, block_bytes = BLOCK_BYTES[ggml_type - 256]
+    per_block, block_bytes = BLOCK_BYTES[ggml_type % 256]
     return w.new_empty(w.shape[0], w.shape[1] // size * per_unit // per_block * block_bytes)
 
 
@@ -108,7 +109,7 @@ def pack(blocks: Tensor, block_type: str) -> tuple[Tensor, int]:
     if (reason := unavailable()) is not None:
         raise RuntimeError(f"the GGUF block kernels cannot run here: {reason}")
     type_id, per_block, block_bytes = BLOCKS[block_type]
-    layout = int(torch.ops.specchat.gguf_layout(type_id, blocks.shape[-1] // block_bytes * per_block))
+    layout = int(torch.ops.specchat.gguf_layout(type_id, blocks.shape[-1] // block_bytes * per_block, blocks.shape[0]))
     return (blocks, type_id) if layout == type_id else (torch.ops.specchat.gguf_pack(blocks, type_id), layout)
 
 

@@ -56,8 +56,9 @@ def int8_rows(x: np.ndarray, group: int) -> np.ndarray:
 
 @pytest.mark.parametrize("block_type", list(kernels.BLOCKS))
 @pytest.mark.parametrize("rows", [1, 3, 16, 21])  # one step, a verify, a full tile, prefill past a tile
-def test_each_format_matches_a_float64_dequantize_and_matmul(isa, block_type, rows):
-    out_features, in_features = 24, 512
+@pytest.mark.parametrize("out_features", [24, 48])  # 48: whole tiles of 16 columns for the AMX kernels
+def test_each_format_matches_a_float64_dequantize_and_matmul(isa, block_type, rows, out_features):
+    in_features = 512
     raw = random_blocks(block_type, out_features, in_features)
     weight = dequantized(raw, block_type, in_features)
     x = np.random.default_rng(1).standard_normal((rows, in_features)).astype(np.float32)
@@ -73,10 +74,11 @@ def test_each_format_matches_a_float64_dequantize_and_matmul(isa, block_type, ro
 
 @pytest.mark.parametrize("block_type", list(kernels.BLOCKS))
 @pytest.mark.parametrize("in_features", [96, 768])  # Q5_0 and Q8_0: 96 is not whole units of 128 for AVX-512
-def test_a_row_has_the_same_bits_whatever_the_rows_beside_it_and_the_threads(isa, block_type, in_features):
+@pytest.mark.parametrize("out_features", [41, 64])  # 64: whole tiles of 16 columns for the AMX kernels
+def test_a_row_has_the_same_bits_whatever_the_rows_beside_it_and_the_threads(isa, block_type, in_features,
+                                                                              out_features):
     if in_features % kernels.BLOCKS[block_type][1]:
         pytest.skip(f"{block_type} blocks do not fill {in_features} inputs")
-    out_features = 41
     raw = torch.from_numpy(random_blocks(block_type, out_features, in_features, seed=3))
     x = torch.randn(20, in_features, generator=torch.Generator().manual_seed(4))
     alone = torch.cat([kernels.matmul(x[i : i + 1], raw, block_type, out_features) for i in range(len(x))])
@@ -93,15 +95,19 @@ def test_a_row_has_the_same_bits_whatever_the_rows_beside_it_and_the_threads(isa
 
 @pytest.mark.parametrize("block_type", list(kernels.BLOCKS))
 @pytest.mark.parametrize("in_features", [512, 96])  # 96: Q5_0 and Q8_0 rows that are not whole units of 128
-def test_packing_keeps_every_bit_and_lookups_read_the_packed_rows(isa, block_type, in_features):
+@pytest.mark.parametrize("out_features", [7, 32])  # 32: the AMX kernels' tiles of 16 rows
+def test_packing_keeps_every_bit_and_lookups_read_the_packed_rows(isa, block_type, in_features, out_features):
     if in_features % kernels.BLOCKS[block_type][1]:
         pytest.skip(f"{block_type} blocks do not fill {in_features} inputs")
-    raw = torch.from_numpy(random_blocks(block_type, 7, in_features, seed=7))
+    raw = torch.from_numpy(random_blocks(block_type, out_features, in_features, seed=7))
     packed, type_id = kernels.pack(raw, block_type)
-    repacks = isa == "avx512-vnni" and in_features % 128 == 0  # the AVX-512 kernels read every type packed
+    # the AVX-512 kernels (and the AMX ones, for what they leave to them) read every type packed
+    repacks = isa in ("avx512-vnni", "amx-int8") and in_features % 128 == 0
+    tiled = isa == "amx-int8" and block_type in ("Q4_K", "Q6_K") and out_features % 16 == 0
     assert (type_id in kernels.PACKED) == repacks and (packed is raw) != repacks
+    assert (type_id > 512) == tiled
     assert torch.equal(kernels.unpack(packed, type_id), raw)
-    ids = torch.tensor([[6, 0], [3, 3]])
+    ids = torch.tensor([[6, 0], [3, 3]]) if out_features < 16 else torch.tensor([[31, 0], [17, 17]])
     assert torch.equal(torch.ops.specchat.gguf_rows(packed, ids, type_id, in_features),
                        torch.from_numpy(dequantized(raw.numpy(), block_type, in_features)).float()[ids])
 
@@ -110,9 +116,24 @@ def test_packing_keeps_every_bit_and_lookups_read_the_packed_rows(isa, block_typ
 def test_weights_packed_for_one_instruction_set_are_refused_by_another_with_the_reason():
     packed, type_id = kernels.pack(torch.from_numpy(random_blocks("Q4_K", 4, 256)), "Q4_K")
     try:
+        kernels.use("avx512-vnni")
+        packed, type_id = kernels.pack(torch.from_numpy(random_blocks("Q4_K", 4, 256)), "Q4_K")
         kernels.use("avx2")
         with pytest.raises(RuntimeError, match="packed for the avx512-vnni kernels"):
             torch.ops.specchat.gguf_mm(torch.randn(1, 256), packed, type_id, 4, None)
+    finally:
+        kernels.use()
+
+
+@pytest.mark.skipif("amx-int8" not in kernels.isas(), reason="the CPU runs no AMX-INT8")
+def test_weights_tiled_for_amx_are_refused_by_the_other_kernels_with_the_reason():
+    packed, type_id = kernels.pack(torch.from_numpy(random_blocks("Q6_K", 16, 256)), "Q6_K")
+    assert type_id > 512
+    try:
+        for other in ("avx512-vnni", "avx2"):
+            kernels.use(other)
+            with pytest.raises(RuntimeError, match="packed for the amx-int8 kernels"):
+                torch.ops.specchat.gguf_mm(torch.randn(1, 256), packed, type_id, 16, None)
     finally:
         kernels.use()
 

@@ -9,7 +9,8 @@ namespace specchat {
 // blocks are units: one K-quant block, or four Q5_0/Q8_0 blocks.
 enum BlockType : int64_t {
   Q5_0 = 6, Q8_0 = 8, Q4_K = 12, Q6_K = 14,
-  Q5_0_LANES = 256 + Q5_0, Q8_0_LANES = 256 + Q8_0, Q4_K_LANES = 256 + Q4_K, Q6_K_LANES = 256 + Q6_K
+  Q5_0_LANES = 256 + Q5_0, Q8_0_LANES = 256 + Q8_0, Q4_K_LANES = 256 + Q4_K, Q6_K_LANES = 256 + Q6_K,
+  Q4_K_TILES = 512 + Q4_K, Q6_K_TILES = 512 + Q6_K
 };
 
 struct BlockFormat {
@@ -27,6 +28,8 @@ inline bool block_format(int64_t type, BlockFormat* format) {
     case Q8_0_LANES: *format = {128, 136}; return true;
     case Q4_K_LANES: *format = {256, 148}; return true;
     case Q6_K_LANES: *format = {256, 210}; return true;
+    case Q4_K_TILES: *format = {256, 148}; return true;  // per row: a unit is 16 rows' blocks interleaved
+    case Q6_K_TILES: *format = {256, 210}; return true;
     default: return false;
   }
 }
@@ -50,10 +53,11 @@ constexpr int64_t kUnitExtra = 128;  // 16 float scales and 16 int32 offsets aft
 struct Kernels {
   const char* name;
   bool packed;  // reads Activations::packed (else q, d and s)
+  int64_t columns;  // matmul takes whole multiples of this many output columns
   // Whether these kernels take a weight of this type with k inputs.
   bool (*takes)(int64_t type, int64_t k);
-  // The type these kernels read a file type's weights of k inputs in best (the type itself, or its packed layout).
-  int64_t (*layout)(int64_t type, int64_t k);
+  // The type these kernels read a file type's weights of k inputs and n outputs in best (the type itself, or its packed layout).
+  int64_t (*layout)(int64_t type, int64_t k, int64_t n);
   // Rows [row0, row0 + rows) of x (rows, k) float32 into `a` (whose pointers are cast back to writable), for a
   // weight of this type.
   void (*quantize)(int64_t type, const float* x, int64_t row0, int64_t rows, const Activations& a);
@@ -66,6 +70,10 @@ namespace avx2 {
 extern const Kernels kernels;
 }
 namespace avx512 {
+extern const Kernels kernels;
+}
+namespace amx {
+bool available();  // the CPU has AMX-INT8 and the OS lets this process use its tiles
 extern const Kernels kernels;
 }
 

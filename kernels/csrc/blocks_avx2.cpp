@@ -268,11 +268,11 @@ void matmul(int64_t type, const uint8_t* w, int64_t row_bytes, const Activations
 }
 
 bool takes(int64_t type, int64_t) { return !is_packed(type); }
-int64_t layout(int64_t type, int64_t) { return type; }
+int64_t layout(int64_t type, int64_t, int64_t) { return type; }
 
 }  // namespace
 
-const Kernels kernels = {"avx2", false, takes, layout, quantize, matmul};
+const Kernels kernels = {"avx2", false, 1, takes, layout, quantize, matmul};
 
 }  // namespace avx2
 }  // namespace specchat

@@ -248,16 +248,16 @@ void matmul(int64_t type, const uint8_t* w, int64_t row_bytes, const Activations
 
 // Every type is read packed (lanes.h); the file's own layouts go to the AVX2 kernels, as do Q5_0 and Q8_0 rows that
 // are not whole units of 128.
-bool takes(int64_t type, int64_t) { return is_packed(type); }
+bool takes(int64_t type, int64_t) { return is_packed(type) && !is_tiled(type); }
 
-int64_t layout(int64_t type, int64_t k) {
+int64_t layout(int64_t type, int64_t k, int64_t) {
   const bool whole = type == Q4_K || type == Q6_K || ((type == Q5_0 || type == Q8_0) && k % 128 == 0);
   return whole ? type + 256 : type;
 }
 
 }  // namespace
 
-const Kernels kernels = {"avx512-vnni", true, takes, layout, quantize, matmul};
+const Kernels kernels = {"avx512-vnni", true, 1, takes, layout, quantize, matmul};
 
 }  // namespace avx512
 }  // namespace specchat

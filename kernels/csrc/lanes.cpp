@@ -209,4 +209,88 @@ void unpack_blocks(int64_t packed_type, const uint8_t* in, uint8_t* out, int64_t
   else unpack_small(type, in, out, units);
 }
 
+namespace {
+
+// One unit of 16 rows: `file` points at the first row's block, the next rows `stride` bytes apart. A code's byte and
+// its nibble (or its 2 bits) in the tiled unit are found the same way when packing and unpacking.
+void tile_unit(int64_t type, uint8_t* file, int64_t stride, uint8_t* tiled, bool pack) {
+  if (type == Q4_K) {
+    for (int n = 0; n < 16; ++n) {
+      uint8_t* block = file + n * stride;
+      for (int g = 0; g < 8; ++g) {
+        for (int i = 0; i < 32; ++i) {
+          const int at = 512 * (g / 2) + 64 * (i / 4) + 4 * n + i % 4, shift = 4 * (g % 2);
+          if (pack) tiled[at] |= static_cast<uint8_t>(q4_k_code(block, 32 * g + i) << shift);
+          else set_q4_k_code(block, 32 * g + i, (tiled[at] >> shift) & 0x0F);
+        }
+      }
+      uint8_t scale[8], min[8];
+      if (pack) q4_k_scales(block, scale, min);
+      for (int g = 0; g < 8; ++g) {
+        if (pack) {
+          tiled[2048 + 16 * g + n] = scale[g];
+          tiled[2176 + 16 * g + n] = min[g];
+        } else {
+          scale[g] = tiled[2048 + 16 * g + n];
+          min[g] = tiled[2176 + 16 * g + n];
+        }
+      }
+      if (!pack) set_q4_k_scales(block, scale, min);
+      if (pack) {
+        std::memcpy(tiled + 2304 + 2 * n, block, 2);
+        std::memcpy(tiled + 2336 + 2 * n, block + 2, 2);
+      } else {
+        std::memcpy(block, tiled + 2304 + 2 * n, 2);
+        std::memcpy(block + 2, tiled + 2336 + 2 * n, 2);
+      }
+    }
+    return;
+  }
+  for (int n = 0; n < 16; ++n) {  // Q6_K
+    uint8_t* block = file + n * stride;
+    for (int p = 0; p < 256; ++p) {
+      const int row = p / 4, column = 4 * n + p % 4;
+      const int low_at = 64 * (row % 32) + column, low_shift = 4 * (row / 32);
+      const int high_at = 2048 + 64 * (row % 16) + column, high_shift = 2 * (row / 16);
+      if (pack) {
+        const int code = q6_k_code(block, p);
+        tiled[low_at] |= static_cast<uint8_t>((code & 0x0F) << low_shift);
+        tiled[high_at] |= static_cast<uint8_t>((code >> 4) << high_shift);
+      } else {
+        set_q6_k_code(block, p, ((tiled[low_at] >> low_shift) & 0x0F) | (((tiled[high_at] >> high_shift) & 0x03) << 4));
+      }
+    }
+    for (int j = 0; j < 16; ++j) {
+      if (pack) tiled[3072 + 16 * j + n] = block[192 + j];
+      else block[192 + j] = tiled[3072 + 16 * j + n];
+    }
+    if (pack) std::memcpy(tiled + 3328 + 2 * n, block + 208, 2);
+    else std::memcpy(block + 208, tiled + 3328 + 2 * n, 2);
+  }
+}
+
+void tiles(int64_t type, uint8_t* file, uint8_t* tiled, int64_t rows, int64_t units, bool pack) {
+  const int64_t block = type == Q4_K ? 144 : 210, unit = 16 * block + (type == Q4_K ? 64 : 0);
+  const int64_t row_bytes = units * block, tiled_row_bytes = units * unit / 16;
+  for (int64_t row = 0; row < rows; row += 16) {
+    for (int64_t u = 0; u < units; ++u) {
+      uint8_t* first = file + row * row_bytes + u * block;
+      uint8_t* packed = tiled + row * tiled_row_bytes + u * unit;
+      if (pack) std::memset(packed, 0, static_cast<size_t>(unit));
+      else for (int n = 0; n < 16; ++n) std::memset(first + n * row_bytes, 0, static_cast<size_t>(block));
+      tile_unit(type, first, row_bytes, packed, pack);
+    }
+  }
+}
+
+}  // namespace
+
+void pack_tiles(int64_t type, const uint8_t* in, uint8_t* out, int64_t rows, int64_t units) {
+  tiles(type, const_cast<uint8_t*>(in), out, rows, units, true);
+}
+
+void unpack_tiles(int64_t tiled_type, const uint8_t* in, uint8_t* out, int64_t rows, int64_t units) {
+  tiles(file_type(tiled_type), out, const_cast<uint8_t*>(in), rows, units, false);
+}
+
 }  // namespace specchat

@@ -30,8 +30,22 @@ const LaneOrder& lane_order(int64_t type);  // type: a file type or its packed t
 // byte j and of element[64 + j] in its high; 8 bytes whose bit j is element[j]'s fifth bit, 8 for element[64 + j];
 // the four fp16 scales.
 inline bool is_packed(int64_t type) { return type > 256; }
-inline int64_t file_type(int64_t type) { return is_packed(type) ? type - 256 : type; }
+inline bool is_tiled(int64_t type) { return type > 512; }
+inline int64_t file_type(int64_t type) { return type % 256; }
+inline int64_t tiled_type(int64_t file) { return 512 + file; }
 void pack_blocks(int64_t file_type, const uint8_t* in, uint8_t* out, int64_t units);
 void unpack_blocks(int64_t packed_type, const uint8_t* in, uint8_t* out, int64_t units);
+
+// The AMX kernels' layouts: 16 rows (output columns) of K-quant blocks interleaved, unit by unit (one block of each
+// of the 16 rows, 16 x the block's bytes), so that each scale group's codes are a tile of 16 columns: byte 64 r + 4 n +
+// e of a group's tile is column n's code of the group's value 4 r + e.
+// Q4_K_TILES (2368 bytes a unit): per pair p of groups, 8 rows of 64 bytes, group 2p's tile in the low nibbles and
+// 2p + 1's in the high; the 6-bit scales then the mins, 16 bytes (one per column) a group; 16 fp16 d, 16 dmin.
+// Q6_K_TILES (3360 bytes): the 64 tile rows (sub-block j's 16 values are rows 4 j..4 j + 3), low 4 bits: byte i < 2048
+// holds row i / 64's in its low nibble and row i / 64 + 32's in its high; then 1024 bytes whose byte i holds the high
+// 2 bits of rows i / 64, + 16, + 32, + 48 at bits 0, 2, 4, 6; the int8 scales, 16 bytes a sub-block; 16 fp16 d.
+// Both take `rows` (a multiple of 16) rows of `units` blocks, row after row, and give them in the other layout.
+void pack_tiles(int64_t file_type, const uint8_t* in, uint8_t* out, int64_t rows, int64_t units);
+void unpack_tiles(int64_t tiled_type, const uint8_t* in, uint8_t* out, int64_t rows, int64_t units);
 
 }  // namespace specchat

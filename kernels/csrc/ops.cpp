@@ -30,13 +30,37 @@ bool has_avx512_vnni() {
          __builtin_cpu_supports("avx512vnni");
 }
 
+bool has_amx() { return has_avx512_vnni() && amx::available(); }
+
+// The kernels this CPU runs, best first.
+std::vector<const Kernels*> runnable() {
+  std::vector<const Kernels*> all;
+  if (has_amx()) all.push_back(&amx::kernels);
+  if (has_avx512_vnni()) all.push_back(&avx512::kernels);
+  if (has_avx2()) all.push_back(&avx2::kernels);
+  return all;
+}
+
 // The best instruction set this CPU runs, unless gguf_use chose another it runs too.
 std::atomic<const Kernels*>& chosen() {
-  static std::atomic<const Kernels*> kernels{has_avx512_vnni() ? &avx512::kernels
-                                             : has_avx2()      ? &avx2::kernels
-                                                               : nullptr};
+  static std::atomic<const Kernels*> kernels{runnable().empty() ? nullptr : runnable().front()};
   return kernels;
 }
+
+// The kernels that read weights of this type: the chosen ones, or for a type they do not take the next set below them
+// that does (the AMX kernels leave Q5_0 and Q8_0 to the AVX-512 ones, both leave the file's own layouts to AVX2).
+const Kernels* reading(int64_t type, int64_t k) {
+  const Kernels* order[] = {&amx::kernels, &avx512::kernels, &avx2::kernels};
+  bool below = false;
+  for (const Kernels* kernels : order) {
+    below = below || kernels == chosen().load();
+    if (below && kernels->takes(type, k)) return kernels;
+  }
+  return nullptr;
+}
+
+// The kernels whose packed layout this type is.
+const char* packed_for(int64_t type) { return is_tiled(type) ? amx::kernels.name : avx512::kernels.name; }
 
 std::string gguf_isa() {
   const Kernels* kernels = chosen().load();
@@ -46,8 +70,7 @@ std::string gguf_isa() {
 // The kernels' instruction sets this CPU runs, best first.
 std::vector<std::string> gguf_isas() {
   std::vector<std::string> names;
-  if (has_avx512_vnni()) names.emplace_back(avx512::kernels.name);
-  if (has_avx2()) names.emplace_back(avx2::kernels.name);
+  for (const Kernels* kernels : runnable()) names.emplace_back(kernels->name);
   return names;
 }
 
@@ -57,23 +80,26 @@ std::string gguf_use(const std::string& isa) {
   const std::string name = isa.empty() && !names.empty() ? names.front() : isa;
   TORCH_CHECK(std::find(names.begin(), names.end(), name) != names.end(), "specchat::gguf_use: this CPU does not run ",
               isa, " kernels (it runs: ", c10::Join(", ", names), ")");
-  chosen().store(name == avx2::kernels.name ? &avx2::kernels : &avx512::kernels);
+  for (const Kernels* kernels : runnable()) {
+    if (name == kernels->name) chosen().store(kernels);
+  }
   return gguf_isa();
 }
 
 at::Tensor gguf_mm(const at::Tensor& x, const at::Tensor& w, int64_t type, int64_t n_out,
                    const c10::optional<at::Tensor>& bias) {
-  const Kernels* kernels = chosen().load();
-  TORCH_CHECK(kernels, "specchat::gguf_mm needs a CPU with AVX2 and FMA");
-  if (!kernels->takes(type, x.size(1))) kernels = &avx2::kernels;
-  TORCH_CHECK(kernels->takes(type, x.size(1)), "specchat::gguf_mm: these weights were packed for the ",
-              avx512::kernels.name, " kernels and the ", chosen().load()->name, " ones run now: pack them again");
+  TORCH_CHECK(chosen().load(), "specchat::gguf_mm needs a CPU with AVX2 and FMA");
+  const Kernels* kernels = reading(type, x.size(1));
+  TORCH_CHECK(kernels, "specchat::gguf_mm: these weights were packed for the ", packed_for(type), " kernels and the ",
+              chosen().load()->name, " ones run now: pack them again");
   BlockFormat format;
   TORCH_CHECK(block_format(type, &format), "specchat::gguf_mm: GGML type ", type, " is not supported");
   TORCH_CHECK(x.device().is_cpu() && x.scalar_type() == at::kFloat && x.dim() == 2,
               "specchat::gguf_mm: x must be a 2-D float32 CPU tensor");
   TORCH_CHECK(w.device().is_cpu() && w.scalar_type() == at::kByte && w.dim() == 2 && w.is_contiguous() &&
                   w.size(0) == n_out, "specchat::gguf_mm: w must be contiguous uint8 (out_features, row bytes)");
+  TORCH_CHECK(n_out % kernels->columns == 0, "specchat::gguf_mm: the ", kernels->name, " kernels take whole ",
+              kernels->columns, " output columns");
   const int64_t rows = x.size(0), k = x.size(1);
   TORCH_CHECK(k % format.weights == 0 && w.size(1) == k / format.weights * format.bytes,
               "specchat::gguf_mm: ", k, " inputs do not fill the rows of ", w.size(1), " bytes");
@@ -101,17 +127,19 @@ at::Tensor gguf_mm(const at::Tensor& x, const at::Tensor& w, int64_t type, int64
   float* out_data = out.data_ptr<float>();
   for (int64_t row0 = 0; row0 < rows; row0 += kRowTile) {
     const int64_t count = std::min(kRowTile, rows - row0);
-    at::parallel_for(0, n_out, 8, [&](int64_t n0, int64_t n1) {
-      kernels->matmul(type, weights, w.size(1), a, row0, count, bias_data, out_data, n_out, n0, n1);
+    const int64_t columns = kernels->columns;
+    at::parallel_for(0, n_out / columns, std::max<int64_t>(1, 8 / columns), [&](int64_t n0, int64_t n1) {
+      kernels->matmul(type, weights, w.size(1), a, row0, count, bias_data, out_data, n_out, n0 * columns,
+                      n1 * columns);
     });
   }
   return out;
 }
 
 // The type the kernels in use read a file type's weights of k inputs in: the type itself, or its packed layout.
-int64_t gguf_layout(int64_t type, int64_t k) {
+int64_t gguf_layout(int64_t type, int64_t k, int64_t n) {
   const Kernels* kernels = chosen().load();
-  return kernels ? kernels->layout(type, k) : type;
+  return kernels ? kernels->layout(type, k, n) : type;
 }
 
 // w's rows (uint8, rows x bytes) from one layout to another, each row a whole number of the packed layout's units.
@@ -134,18 +162,38 @@ at::Tensor convert(const at::Tensor& w, int64_t from, int64_t to, void (*rearran
   return result;
 }
 
+// w's rows (uint8, rows x bytes: a multiple of 16 rows of whole K-quant blocks) from a file type to its tiles, or back.
+at::Tensor tiles(const at::Tensor& w, int64_t from, int64_t to) {
+  BlockFormat in, out;
+  TORCH_CHECK(block_format(from, &in) && block_format(to, &out), "specchat: GGML type ", from, " is not supported");
+  TORCH_CHECK(w.device().is_cpu() && w.scalar_type() == at::kByte && w.dim() == 2 && w.size(1) % in.bytes == 0 &&
+                  w.size(0) % 16 == 0, "specchat: blocks must be uint8 (16 x rows, whole blocks of ", in.bytes, " bytes)");
+  const at::Tensor source = w.contiguous();
+  const int64_t units = w.size(1) / in.bytes, in_row = w.size(1), out_row = units * out.bytes;
+  at::Tensor result = at::empty({w.size(0), out_row}, w.options());
+  const uint8_t* src = source.data_ptr<uint8_t>();
+  uint8_t* dst = result.data_ptr<uint8_t>();
+  at::parallel_for(0, w.size(0) / 16, 4, [&](int64_t g0, int64_t g1) {
+    if (is_tiled(to)) pack_tiles(from, src + 16 * g0 * in_row, dst + 16 * g0 * out_row, 16 * (g1 - g0), units);
+    else unpack_tiles(from, src + 16 * g0 * in_row, dst + 16 * g0 * out_row, 16 * (g1 - g0), units);
+  });
+  return result;
+}
+
 // A file type's blocks (rows of k weights) in the layout the kernels in use read (gguf_layout), and back.
 at::Tensor gguf_pack(const at::Tensor& w, int64_t type) {
   BlockFormat format;
   TORCH_CHECK(block_format(type, &format) && !is_packed(type), "specchat::gguf_pack: GGML type ", type,
               " is not a file type the kernels take");
-  const int64_t to = gguf_layout(type, w.size(1) / format.bytes * format.weights);
+  const int64_t to = gguf_layout(type, w.size(1) / format.bytes * format.weights, w.size(0));
   if (to == type) return w.clone();  // an op does not return its input
+  if (is_tiled(to)) return tiles(w, type, to);
   return convert(w, type, to, pack_blocks);
 }
 
 at::Tensor gguf_unpack(const at::Tensor& w, int64_t type) {
   if (!is_packed(type)) return w.clone();
+  if (is_tiled(type)) return tiles(w, type, file_type(type));
   return convert(w, type, file_type(type), unpack_blocks);
 }
 
@@ -157,7 +205,7 @@ TORCH_LIBRARY(specchat, m) {
   m.def("gguf_isa() -> str", &specchat::gguf_isa);
   m.def("gguf_isas() -> str[]", &specchat::gguf_isas);
   m.def("gguf_use(str isa) -> str", &specchat::gguf_use);
-  m.def("gguf_layout(int ggml_type, int k) -> int", &specchat::gguf_layout);
+  m.def("gguf_layout(int ggml_type, int k, int n) -> int", &specchat::gguf_layout);
   m.def("gguf_pack(Tensor w, int ggml_type) -> Tensor");
   m.def("gguf_unpack(Tensor w, int ggml_type) -> Tensor");
 }

@@ -118,10 +118,14 @@ at::Tensor gguf_rows(const at::Tensor& blocks, const at::Tensor& ids, int64_t ty
   BlockFormat file_format;
   block_format(file, &file_format);
   const int64_t per_row = cols / file_format.weights;  // the file's blocks
-  std::vector<uint8_t> unpacked(is_packed(type) ? static_cast<size_t>(per_row * file_format.bytes) : 0);
+  const int64_t tiled_rows = is_tiled(type) ? 16 : 1;  // a tiled row comes back with the 15 interleaved with it
+  std::vector<uint8_t> unpacked(is_packed(type) ? static_cast<size_t>(tiled_rows * per_row * file_format.bytes) : 0);
   for (int64_t i = 0; i < count; ++i) {  // a lookup is a few rows: one thread
     const uint8_t* row = data + id[i] * row_bytes;
-    if (is_packed(type)) {  // the file's bytes back first
+    if (is_tiled(type)) {  // the file's bytes back first
+      unpack_tiles(type, data + id[i] / 16 * 16 * row_bytes, unpacked.data(), 16, per_row);
+      row = unpacked.data() + id[i] % 16 * per_row * file_format.bytes;
+    } else if (is_packed(type)) {
       unpack_blocks(type, row, unpacked.data(), cols / format.weights);
       row = unpacked.data();
     }

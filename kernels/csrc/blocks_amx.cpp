@@ -1,0 +1,276 @@
+// AMX-INT8 and AVX-512 VNNI kernels for Q4_K and Q6_K weights packed as tiles (lanes.h): 16 output columns at a time.
+// The exact int32 dot products of the rows with the 16 columns, one vector of 16 per row and scale group, come from
+// one tile multiply per group for a full tile of 16 rows, else from VNNI (each tile row of codes times the row's four
+// activations, broadcast); the float steps then run on vectors of the 16 columns. A unit's codes are decoded once per
+// call whatever the number of rows.
+// The int32 sums are exact whichever instructions make them, and each output value then takes the same float steps
+// in the same order whatever the number of rows and the thread: a row's result has the same bits in a verify as in a
+// one-token step. Q5_0 and Q8_0 go to the AVX-512 kernels.
+#include <cpuid.h>
+#include <immintrin.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <vector>
+
+#include "blocks.h"
+#include "lanes.h"
+
+namespace specchat {
+namespace amx {
+namespace {
+
+constexpr long kRequestPermission = 0x1023;  // arch_prctl ARCH_REQ_XCOMP_PERM
+constexpr long kTileData = 18;               // XFEATURE_XTILEDATA
+
+struct alignas(64) TileConfig {
+  uint8_t palette = 1, start_row = 0;
+  uint8_t reserved[14] = {};
+  uint16_t bytes[16] = {};
+  uint8_t rows[16] = {};
+};
+
+// Tiles 0-2 and 3-5: activations (rows x group bytes), weights (group / 4 rows x 64 bytes), int32 sums (rows x 16);
+// two sets, so that one group's multiply runs while the next group's tiles load.
+void configure(int64_t rows, int64_t group) {
+  TileConfig config;
+  for (int set = 0; set < 2; ++set) {
+    config.rows[3 * set] = static_cast<uint8_t>(rows);
+    config.bytes[3 * set] = static_cast<uint16_t>(group);
+    config.rows[3 * set + 1] = static_cast<uint8_t>(group / 4);
+    config.bytes[3 * set + 1] = 64;
+    config.rows[3 * set + 2] = static_cast<uint8_t>(rows);
+    config.bytes[3 * set + 2] = 64;
+  }
+  asm volatile("" : : "r"(&config) : "memory");  // GCC does not see ldtilecfg read the config: keep its stores
+  _tile_loadconfig(&config);
+}
+
+inline __m512i load(const void* p) { return _mm512_loadu_si512(p); }
+
+inline void store(void* p, __m512i v) { _mm512_storeu_si512(p, v); }
+inline __m512 halves(const uint8_t* p) { return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))); }
+
+// The int32 sums of `groups` scale groups of `group` values, group t from activations `x` + t * group (stride k) and
+// weights `b` + t * group * 16 (as tiles: the group's values in fours, 16 columns each), into `sums` + t * 256.
+template <int kGroup>
+void multiply(const int8_t* x, int64_t k, const uint8_t* b, int groups, int32_t* sums) {
+  for (int t = 0; t < groups; t += 2) {
+    _tile_loadd(0, x + t * kGroup, k);
+    _tile_loadd(1, b + t * kGroup * 16, 64);
+    _tile_zero(2);
+    _tile_loadd(3, x + (t + 1) * kGroup, k);
+    _tile_loadd(4, b + (t + 1) * kGroup * 16, 64);
+    _tile_zero(5);
+    _tile_dpbsud(2, 0, 1);
+    _tile_dpbsud(5, 3, 4);
+    _tile_stored(2, sums + t * 256, 64);
+    _tile_stored(5, sums + (t + 1) * 256, 64);
+  }
+}
+
+// The same int32 sums with AVX-512 VNNI: each tile row of codes (16 columns, four values each) times the row's four
+// activations, broadcast. For a few rows this beats a tile multiply, whose fixed cost does not shrink with the rows.
+template <int kCount>
+inline void multiply_vnni(const int8_t* x, int64_t k, const __m512i* codes, int64_t rows, int32_t* sums) {
+  for (int64_t m = 0; m < rows; ++m) {
+    const int32_t* quads = reinterpret_cast<const int32_t*>(x + m * k);
+    __m512i dot[4];  // four chains: a quarter of the latency
+    for (int r = 0; r < 4; ++r) dot[r] = _mm512_dpbusd_epi32(_mm512_setzero_si512(), codes[r], _mm512_set1_epi32(quads[r]));
+    for (int r = 4; r < kCount; ++r) dot[r % 4] = _mm512_dpbusd_epi32(dot[r % 4], codes[r], _mm512_set1_epi32(quads[r]));
+    _mm512_store_si512(sums + 16 * m, _mm512_add_epi32(_mm512_add_epi32(dot[0], dot[1]), _mm512_add_epi32(dot[2], dot[3])));
+  }
+}
+
+// The rows' terms the float steps take per scale group, as floats or int32 ready to broadcast.
+struct RowTerms {
+  const int8_t* x;       // (rows, k) int8
+  const float* scale;    // (rows, k / 32): the activations' scales
+  const float* sums;     // (rows, k / 32): Q4_K: the sums of each group's int8 values
+  const int32_t* offset; // (rows, k / 16): Q6_K: 32 times the sums of each 16 int8 values (the codes' offset)
+  int64_t k, rows;
+};
+
+inline void decode_q4_k(const uint8_t* unit, uint8_t* codes) {
+  const __m512i nibble = _mm512_set1_epi8(0x0F);
+  for (int p = 0; p < 4; ++p) {
+    for (int r = 0; r < 8; ++r) {
+      const __m512i both = load(unit + 512 * p + 64 * r);
+      store(codes + 1024 * p + 64 * r, _mm512_and_si512(both, nibble));
+      store(codes + 1024 * p + 512 + 64 * r, _mm512_and_si512(_mm512_srli_epi16(both, 4), nibble));
+    }
+  }
+}
+
+// Tile rows 4q.., 16 + 4q.., 32 + 4q.., 48 + 4q.. of a Q6_K_TILES unit (sub-blocks q, 4 + q, 8 + q, 12 + q), one
+// code a byte: out[h][i] is row 16 h + 4 q + i.
+inline void decode_q6_k(const uint8_t* unit, int q, __m512i (&out)[4][4]) {
+  const __m512i nibble = _mm512_set1_epi8(0x0F), high = _mm512_set1_epi8(0x30);
+  for (int i = 0; i < 4; ++i) {
+    const __m512i first = load(unit + 64 * (4 * q + i)), second = load(unit + 64 * (16 + 4 * q + i));
+    const __m512i top = load(unit + 2048 + 64 * (4 * q + i));
+    out[0][i] = _mm512_or_si512(_mm512_and_si512(first, nibble), _mm512_and_si512(_mm512_slli_epi16(top, 4), high));
+    out[1][i] = _mm512_or_si512(_mm512_and_si512(second, nibble), _mm512_and_si512(_mm512_slli_epi16(top, 2), high));
+    out[2][i] = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(first, 4), nibble), _mm512_and_si512(top, high));
+    out[3][i] = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(second, 4), nibble),
+                                _mm512_and_si512(_mm512_srli_epi16(top, 2), high));
+  }
+}
+
+inline void decode_q6_k(const uint8_t* unit, uint8_t* codes) {
+  for (int q = 0; q < 4; ++q) {
+    __m512i rows[4][4];
+    decode_q6_k(unit, q, rows);
+    for (int h = 0; h < 4; ++h)
+      for (int i = 0; i < 4; ++i) store(codes + 64 * (16 * h + 4 * q + i), rows[h][i]);
+  }
+}
+
+// The int32 sums of a unit's groups for every row, with VNNI (the tiles' codes decoded in registers).
+inline void vnni_q4_k(const uint8_t* unit, const int8_t* x, const RowTerms& t, int32_t* sums) {
+  const __m512i nibble = _mm512_set1_epi8(0x0F);
+  for (int p = 0; p < 4; ++p) {
+    __m512i low[8], high[8];
+    for (int r = 0; r < 8; ++r) {
+      const __m512i both = load(unit + 512 * p + 64 * r);
+      _mm_prefetch(reinterpret_cast<const char*>(unit + 512 * p + 64 * r + 2048), _MM_HINT_T0);
+      low[r] = _mm512_and_si512(both, nibble);
+      high[r] = _mm512_and_si512(_mm512_srli_epi16(both, 4), nibble);
+    }
+    multiply_vnni<8>(x + 64 * p, t.k, low, t.rows, sums + 512 * p);
+    multiply_vnni<8>(x + 64 * p + 32, t.k, high, t.rows, sums + 512 * p + 256);
+  }
+}
+
+inline void vnni_q6_k(const uint8_t* unit, const int8_t* x, const RowTerms& t, int32_t* sums) {
+  for (int q = 0; q < 4; ++q) {
+    __m512i rows[4][4];
+    decode_q6_k(unit, q, rows);
+    for (int i = 0; i < 14; ++i) _mm_prefetch(reinterpret_cast<const char*>(unit + 3360 + 64 * (14 * q + i)), _MM_HINT_T0);
+    for (int h = 0; h < 4; ++h) multiply_vnni<4>(x + 16 * (4 * h + q), t.k, rows[h], t.rows, sums + 256 * (4 * h + q));
+  }
+}
+
+// Q4_K_TILES: weight = d * scale * code - dmin * min, groups of 32. Per row and group: the float sum (scale times
+// int32 sum, less the min times the int8 values' sum) times the activations' scale, accumulated over the groups.
+inline void floats_q4_k(const uint8_t* unit, int64_t u, const RowTerms& t, const int32_t* sums, float* acc) {
+  const __m512 d = halves(unit + 2304), dmin = halves(unit + 2336);
+  __m512 scale[8], min[8];
+  for (int g = 0; g < 8; ++g) {
+    scale[g] = _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(
+                                    _mm_loadu_si128(reinterpret_cast<const __m128i*>(unit + 2048 + 16 * g)))));
+    min[g] = _mm512_mul_ps(dmin, _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(
+                                     _mm_loadu_si128(reinterpret_cast<const __m128i*>(unit + 2176 + 16 * g)))));
+  }
+  for (int64_t m = 0; m < t.rows; ++m) {
+    const float* x_scale = t.scale + m * (t.k / 32) + u * 8;
+    const float* x_sum = t.sums + m * (t.k / 32) + u * 8;
+    __m512 total = _mm512_load_ps(acc + 16 * m);
+    for (int g = 0; g < 8; ++g) {
+      const __m512 dot = _mm512_cvtepi32_ps(_mm512_load_si512(sums + 256 * g + 16 * m));
+      const __m512 value = _mm512_fnmadd_ps(_mm512_set1_ps(x_sum[g]), min[g], _mm512_mul_ps(dot, scale[g]));
+      total = _mm512_fmadd_ps(value, _mm512_set1_ps(x_scale[g]), total);
+    }
+    _mm512_store_ps(acc + 16 * m, total);
+  }
+}
+
+// Q6_K_TILES: weight = d * scale * (code - 32), sub-blocks of 16 with an int8 scale each, activations' scales per 32.
+inline void floats_q6_k(const uint8_t* unit, int64_t u, const RowTerms& t, const int32_t* sums, float* acc) {
+  const __m512 d = halves(unit + 3328);
+  __m512 scale[16];
+  for (int j = 0; j < 16; ++j)
+    scale[j] = _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(
+                                    _mm_loadu_si128(reinterpret_cast<const __m128i*>(unit + 3072 + 16 * j)))));
+  for (int64_t m = 0; m < t.rows; ++m) {
+    const float* x_scale = t.scale + m * (t.k / 32) + u * 8;
+    const int32_t* offset = t.offset + m * (t.k / 16) + u * 16;
+    __m512 total = _mm512_load_ps(acc + 16 * m);
+    for (int j = 0; j < 16; ++j) {
+      const __m512i dot = _mm512_sub_epi32(_mm512_load_si512(sums + 256 * j + 16 * m), _mm512_set1_epi32(offset[j]));
+      total = _mm512_fmadd_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(dot), scale[j]), _mm512_set1_ps(x_scale[j / 2]), total);
+    }
+    _mm512_store_ps(acc + 16 * m, total);
+  }
+}
+
+// One column tile's sums over all units. With tiles, the next unit's codes are decoded while this unit's multiplies
+// run, and its float steps come after: a tile load never waits on the stores just made.
+template <bool kSix, bool kTiles>
+void columns(const uint8_t* w, const RowTerms& t, float* acc) {
+  constexpr int64_t bytes = kSix ? 3360 : 2368, groups = kSix ? 16 : 8;
+  alignas(64) uint8_t codes[2][4096];
+  alignas(64) int32_t sums[groups * 256];
+  const int64_t units = t.k / 256;
+  if (kTiles) kSix ? decode_q6_k(w, codes[0]) : decode_q4_k(w, codes[0]);
+  for (int64_t u = 0; u < units; ++u) {
+    const uint8_t* unit = w + u * bytes;
+    const int8_t* x = t.x + u * 256;
+    if (kTiles) {
+      if (kSix) multiply<16>(x, t.k, codes[u % 2], 16, sums);
+      else multiply<32>(x, t.k, codes[u % 2], 8, sums);
+      if (u + 1 < units) kSix ? decode_q6_k(unit + bytes, codes[(u + 1) % 2]) : decode_q4_k(unit + bytes, codes[(u + 1) % 2]);
+    } else {
+      kSix ? vnni_q6_k(unit, x, t, sums) : vnni_q4_k(unit, x, t, sums);
+    }
+    kSix ? floats_q6_k(unit, u, t, sums, acc) : floats_q4_k(unit, u, t, sums, acc);
+  }
+}
+
+void quantize(int64_t type, const float* x, int64_t row0, int64_t rows, const Activations& a) {
+  avx2::kernels.quantize(type, x, row0, rows, a);  // the activations in order, as the AVX2 kernels read them
+}
+
+// A full tile of rows takes the tile multiplies, fewer take VNNI (the same integers): the codes' staging for the
+// tiles costs as much as VNNI's multiplies of the rows missing from a tile (docs/kernels.md).
+constexpr int64_t kTileRows = 16;
+
+void matmul(int64_t type, const uint8_t* w, int64_t row_bytes, const Activations& a, int64_t row0, int64_t count,
+            const float* bias, float* out, int64_t n_out, int64_t n0, int64_t n1) {
+  const bool six = type == Q6_K_TILES, tiles = count == kTileRows;
+  const int64_t groups = a.k / 32;
+  std::vector<float> sums(static_cast<size_t>(six ? 0 : count * groups));
+  std::vector<int32_t> offsets(static_cast<size_t>(six ? count * 2 * groups : 0));
+  for (int64_t m = 0; m < count; ++m) {
+    const int16_t* s = a.s + (row0 + m) * 2 * groups;
+    for (int64_t g = 0; g < groups && !six; ++g) sums[m * groups + g] = static_cast<float>(s[2 * g] + s[2 * g + 1]);
+    for (int64_t j = 0; j < 2 * groups && six; ++j) offsets[m * 2 * groups + j] = 32 * s[j];
+  }
+  const RowTerms terms{a.q + row0 * a.k, a.d + row0 * groups, sums.data(), offsets.data(), a.k, count};
+  if (tiles) configure(count, six ? 16 : 32);
+  alignas(64) float acc[16 * 16];
+  for (int64_t n = n0; n < n1; n += 16) {
+    std::memset(acc, 0, sizeof acc);
+    const uint8_t* weights = w + n * row_bytes;  // 16 weight rows, interleaved
+    if (six) tiles ? columns<true, true>(weights, terms, acc) : columns<true, false>(weights, terms, acc);
+    else tiles ? columns<false, true>(weights, terms, acc) : columns<false, false>(weights, terms, acc);
+    const __m512 add = bias ? _mm512_loadu_ps(bias + n) : _mm512_setzero_ps();
+    for (int64_t m = 0; m < count; ++m)
+      _mm512_storeu_ps(out + (row0 + m) * n_out + n, _mm512_add_ps(_mm512_load_ps(acc + 16 * m), add));
+  }
+  if (tiles) _tile_release();
+}
+
+bool takes(int64_t type, int64_t) { return is_tiled(type); }
+
+int64_t layout(int64_t type, int64_t k, int64_t n) {
+  return (type == Q4_K || type == Q6_K) && n % 16 == 0 ? tiled_type(type) : avx512::kernels.layout(type, k, n);
+}
+
+}  // namespace
+
+bool available() {
+  static const bool ready = [] {
+    unsigned eax, ebx, ecx, edx;
+    if (!__get_cpuid_count(7, 0, &eax, &ebx, &ecx, &edx)) return false;
+    const bool tiles = (edx >> 24) & 1, int8 = (edx >> 25) & 1;
+    return tiles && int8 && syscall(SYS_arch_prctl, kRequestPermission, kTileData) == 0;  // the OS grants the tiles
+  }();
+  return ready;
+}
+
+const Kernels kernels = {"amx-int8", false, 16, takes, layout, quantize, matmul};
+
+}  // namespace amx
+}  // namespace specchat
