@@ -8,7 +8,7 @@ bytes read / this run's streaming-read GB/s), for each instruction set's kernels
 runs the AVX2 build too). Step table: the target on `gguf` (attention row by row, as the probe runs it where the
 others are not exact) on each instruction set, and with --float32 on float32 oneDNN-prepacked, ms for 1..16 new
 tokens after a 128-token context; llama.cpp's eval time per token from `llama-completion` (built by
-./setup.sh --llamacpp), 64 tokens. Minimum of the repeats.
+./setup.sh --llamacpp, or --llamacpp BINARY), 64 tokens. Minimum of the repeats.
 """
 
 from __future__ import annotations
@@ -71,8 +71,9 @@ def streaming_read(buffer: torch.Tensor) -> float:
     return buffer.numel() * buffer.element_size() / (time.perf_counter() - start)
 
 
-def llamacpp_ms_per_token(gguf: Path, threads: int) -> float | None:
-    executable = binary(default_cache_dir(), "llamacpp")
+def llamacpp_ms_per_token(gguf: Path, threads: int, executable: Path | None = None) -> float | None:
+    """llama.cpp's decode time per token (ms) of `gguf`; None where it is not built or does not run here (said)."""
+    executable = executable or binary(default_cache_dir(), "llamacpp")
     if not executable.is_file():
         return None
     with tempfile.NamedTemporaryFile("w", suffix=".txt") as prompt:
@@ -80,7 +81,10 @@ def llamacpp_ms_per_token(gguf: Path, threads: int) -> float | None:
         prompt.flush()
         done = subprocess.run([str(executable), "-m", str(gguf), "-f", prompt.name, "-n", "64", "-t", str(threads),
                                "--temp", "0", "-no-cnv", "--no-display-prompt", "--ignore-eos"],
-                              capture_output=True, text=True, errors="replace", check=True)
+                              capture_output=True, text=True, errors="replace")
+    if done.returncode != 0:  # e.g. its AMX path dies on some Xeons: LLAMA_ARG_REPACK=0 or a build without AMX runs
+        print(f"{executable} exited {done.returncode}: no llama.cpp column", file=sys.stderr)
+        return None
     timings = parse_completion_log(done.stderr + done.stdout)
     return timings.generate_seconds / (timings.generated - 1) * 1e3
 
@@ -108,6 +112,7 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--json", type=Path)
     parser.add_argument("--float32", action="store_true", help="time the float32 oneDNN-prepacked target's step too")
+    parser.add_argument("--llamacpp", type=Path, help="a llama-completion binary other than ./setup.sh --llamacpp's")
     args = parser.parse_args(argv)
     if (reason := kernels.unavailable()) is not None:
         print(f"the kernels cannot run here: {reason}", file=sys.stderr)
@@ -141,13 +146,13 @@ def main(argv: list[str]) -> int:
                 for name, lm in models.items():
                     kernels.use(name.rpartition(", ")[2])
                     step_s[name][rows].append(time_step(lm, ids[:CONTEXT], ids[CONTEXT:CONTEXT + rows]))
-            llama.append(llamacpp_ms_per_token(gguf, threads))
+            llama.append(llamacpp_ms_per_token(gguf, threads, args.llamacpp))
     finally:
         kernels.use()
     floor_ms = weight_bytes / max(reads) * 1e3
     kernel_ms = {isa: {rows: min(v) * 1e3 for rows, v in per.items()} for isa, per in kernel_s.items()}
     step_ms = {name: {rows: min(v) * 1e3 for rows, v in per.items()} for name, per in step_s.items()}
-    llama_ms = min(llama) if None not in llama else None
+    llama_ms = min(llama) if llama and None not in llama else None
     result = {"machine": {"cpu": _cpu_name(), "isas": isas, "threads": threads, "torch": torch.__version__},
               "weight_bytes": weight_bytes,
               "packed_bytes": {isa: sum(weights.numel() for weights, *_ in per) for isa, per in linears.items()},

@@ -72,15 +72,17 @@ void multiply(const int8_t* x, int64_t k, const uint8_t* b, int groups, int32_t*
 
 // The same int32 sums with AVX-512 VNNI: each tile row of codes (16 columns, four values each) times the row's four
 // activations, broadcast. For a few rows this beats a tile multiply, whose fixed cost does not shrink with the rows.
+// The int32 sums of one row with one scale group's tile rows of codes (16 columns, four values a row) with VNNI:
+// each tile row times the row's four activations there, broadcast; two chains for half the latency.
 template <int kCount>
-inline void multiply_vnni(const int8_t* x, int64_t k, const __m512i* codes, int64_t rows, int32_t* sums) {
-  for (int64_t m = 0; m < rows; ++m) {
-    const int32_t* quads = reinterpret_cast<const int32_t*>(x + m * k);
-    __m512i dot[4];  // four chains: a quarter of the latency
-    for (int r = 0; r < 4; ++r) dot[r] = _mm512_dpbusd_epi32(_mm512_setzero_si512(), codes[r], _mm512_set1_epi32(quads[r]));
-    for (int r = 4; r < kCount; ++r) dot[r % 4] = _mm512_dpbusd_epi32(dot[r % 4], codes[r], _mm512_set1_epi32(quads[r]));
-    _mm512_store_si512(sums + 16 * m, _mm512_add_epi32(_mm512_add_epi32(dot[0], dot[1]), _mm512_add_epi32(dot[2], dot[3])));
+inline __m512i dot_vnni(const __m512i* codes, const int8_t* x) {
+  const int32_t* quads = reinterpret_cast<const int32_t*>(x);
+  __m512i even = _mm512_setzero_si512(), odd = _mm512_setzero_si512();
+  for (int r = 0; r < kCount; r += 2) {
+    even = _mm512_dpbusd_epi32(even, codes[r], _mm512_set1_epi32(quads[r]));
+    odd = _mm512_dpbusd_epi32(odd, codes[r + 1], _mm512_set1_epi32(quads[r + 1]));
   }
+  return _mm512_add_epi32(even, odd);
 }
 
 // The rows' terms the float steps take per scale group, as floats or int32 ready to broadcast.
@@ -127,9 +129,48 @@ inline void decode_q6_k(const uint8_t* unit, uint8_t* codes) {
   }
 }
 
-// The int32 sums of a unit's groups for every row, with VNNI (the tiles' codes decoded in registers).
-inline void vnni_q4_k(const uint8_t* unit, const int8_t* x, const RowTerms& t, int32_t* sums) {
+// Q4_K_TILES: weight = d * scale * code - dmin * min, groups of 32. A row's float step for group g: the float sum
+// (scale times the int32 sum, less the min times the int8 values' sum) times the activations' scale, accumulated.
+struct Q4Scales {
+  __m512 scale[8], min[8];
+  explicit Q4Scales(const uint8_t* unit) {
+    const __m512 d = halves(unit + 2304), dmin = halves(unit + 2336);
+    for (int g = 0; g < 8; ++g) {
+      scale[g] = _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(
+                                      _mm_loadu_si128(reinterpret_cast<const __m128i*>(unit + 2048 + 16 * g)))));
+      min[g] = _mm512_mul_ps(dmin, _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(
+                                       _mm_loadu_si128(reinterpret_cast<const __m128i*>(unit + 2176 + 16 * g)))));
+    }
+  }
+  __m512 step(__m512 total, __m512i dot, int g, const RowTerms& t, int64_t m, int64_t u) const {
+    const int64_t at = m * (t.k / 32) + u * 8 + g;
+    const __m512 value = _mm512_fnmadd_ps(_mm512_set1_ps(t.sums[at]), min[g], _mm512_mul_ps(_mm512_cvtepi32_ps(dot), scale[g]));
+    return _mm512_fmadd_ps(value, _mm512_set1_ps(t.scale[at]), total);
+  }
+};
+
+// Q6_K_TILES: weight = d * scale * (code - 32), sub-blocks of 16 with an int8 scale each, activations' scales per 32.
+// The sub-blocks' float steps run in the order the VNNI path decodes them: 4h + q for q = 0..3, h = 0..3.
+struct Q6Scales {
+  __m512 scale[16];
+  explicit Q6Scales(const uint8_t* unit) {
+    const __m512 d = halves(unit + 3328);
+    for (int j = 0; j < 16; ++j)
+      scale[j] = _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(
+                                      _mm_loadu_si128(reinterpret_cast<const __m128i*>(unit + 3072 + 16 * j)))));
+  }
+  __m512 step(__m512 total, __m512i dot, int j, const RowTerms& t, int64_t m, int64_t u) const {
+    const __m512i exact = _mm512_sub_epi32(dot, _mm512_set1_epi32(t.offset[m * (t.k / 16) + u * 16 + j]));
+    const __m512 x_scale = _mm512_set1_ps(t.scale[m * (t.k / 32) + u * 8 + j / 2]);
+    return _mm512_fmadd_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(exact), scale[j]), x_scale, total);
+  }
+};
+
+// A unit for every row with VNNI, the codes decoded in registers and each group's sums taken to the float step at once.
+inline void vnni_q4_k(const uint8_t* unit, int64_t u, const RowTerms& t, float* acc) {
+  const Q4Scales scales(unit);
   const __m512i nibble = _mm512_set1_epi8(0x0F);
+  const int8_t* x = t.x + u * 256;
   for (int p = 0; p < 4; ++p) {
     __m512i low[8], high[8];
     for (int r = 0; r < 8; ++r) {
@@ -138,59 +179,49 @@ inline void vnni_q4_k(const uint8_t* unit, const int8_t* x, const RowTerms& t, i
       low[r] = _mm512_and_si512(both, nibble);
       high[r] = _mm512_and_si512(_mm512_srli_epi16(both, 4), nibble);
     }
-    multiply_vnni<8>(x + 64 * p, t.k, low, t.rows, sums + 512 * p);
-    multiply_vnni<8>(x + 64 * p + 32, t.k, high, t.rows, sums + 512 * p + 256);
+    for (int64_t m = 0; m < t.rows; ++m) {
+      const int8_t* row = x + m * t.k + 64 * p;
+      __m512 total = _mm512_load_ps(acc + 16 * m);
+      total = scales.step(total, dot_vnni<8>(low, row), 2 * p, t, m, u);
+      total = scales.step(total, dot_vnni<8>(high, row + 32), 2 * p + 1, t, m, u);
+      _mm512_store_ps(acc + 16 * m, total);
+    }
   }
 }
 
-inline void vnni_q6_k(const uint8_t* unit, const int8_t* x, const RowTerms& t, int32_t* sums) {
+inline void vnni_q6_k(const uint8_t* unit, int64_t u, const RowTerms& t, float* acc) {
+  const Q6Scales scales(unit);
+  const int8_t* x = t.x + u * 256;
   for (int q = 0; q < 4; ++q) {
     __m512i rows[4][4];
     decode_q6_k(unit, q, rows);
     for (int i = 0; i < 14; ++i) _mm_prefetch(reinterpret_cast<const char*>(unit + 3360 + 64 * (14 * q + i)), _MM_HINT_T0);
-    for (int h = 0; h < 4; ++h) multiply_vnni<4>(x + 16 * (4 * h + q), t.k, rows[h], t.rows, sums + 256 * (4 * h + q));
+    for (int64_t m = 0; m < t.rows; ++m) {
+      __m512 total = _mm512_load_ps(acc + 16 * m);
+      for (int h = 0; h < 4; ++h)
+        total = scales.step(total, dot_vnni<4>(rows[h], x + m * t.k + 16 * (4 * h + q)), 4 * h + q, t, m, u);
+      _mm512_store_ps(acc + 16 * m, total);
+    }
   }
 }
 
-// Q4_K_TILES: weight = d * scale * code - dmin * min, groups of 32. Per row and group: the float sum (scale times
-// int32 sum, less the min times the int8 values' sum) times the activations' scale, accumulated over the groups.
+// A unit for every row from the tile multiplies' sums (sums + 256 g + 16 m: group g, row m), in the same order.
 inline void floats_q4_k(const uint8_t* unit, int64_t u, const RowTerms& t, const int32_t* sums, float* acc) {
-  const __m512 d = halves(unit + 2304), dmin = halves(unit + 2336);
-  __m512 scale[8], min[8];
-  for (int g = 0; g < 8; ++g) {
-    scale[g] = _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(
-                                    _mm_loadu_si128(reinterpret_cast<const __m128i*>(unit + 2048 + 16 * g)))));
-    min[g] = _mm512_mul_ps(dmin, _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(
-                                     _mm_loadu_si128(reinterpret_cast<const __m128i*>(unit + 2176 + 16 * g)))));
-  }
+  const Q4Scales scales(unit);
   for (int64_t m = 0; m < t.rows; ++m) {
-    const float* x_scale = t.scale + m * (t.k / 32) + u * 8;
-    const float* x_sum = t.sums + m * (t.k / 32) + u * 8;
     __m512 total = _mm512_load_ps(acc + 16 * m);
-    for (int g = 0; g < 8; ++g) {
-      const __m512 dot = _mm512_cvtepi32_ps(_mm512_load_si512(sums + 256 * g + 16 * m));
-      const __m512 value = _mm512_fnmadd_ps(_mm512_set1_ps(x_sum[g]), min[g], _mm512_mul_ps(dot, scale[g]));
-      total = _mm512_fmadd_ps(value, _mm512_set1_ps(x_scale[g]), total);
-    }
+    for (int g = 0; g < 8; ++g) total = scales.step(total, _mm512_load_si512(sums + 256 * g + 16 * m), g, t, m, u);
     _mm512_store_ps(acc + 16 * m, total);
   }
 }
 
-// Q6_K_TILES: weight = d * scale * (code - 32), sub-blocks of 16 with an int8 scale each, activations' scales per 32.
 inline void floats_q6_k(const uint8_t* unit, int64_t u, const RowTerms& t, const int32_t* sums, float* acc) {
-  const __m512 d = halves(unit + 3328);
-  __m512 scale[16];
-  for (int j = 0; j < 16; ++j)
-    scale[j] = _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(
-                                    _mm_loadu_si128(reinterpret_cast<const __m128i*>(unit + 3072 + 16 * j)))));
+  const Q6Scales scales(unit);
   for (int64_t m = 0; m < t.rows; ++m) {
-    const float* x_scale = t.scale + m * (t.k / 32) + u * 8;
-    const int32_t* offset = t.offset + m * (t.k / 16) + u * 16;
     __m512 total = _mm512_load_ps(acc + 16 * m);
-    for (int j = 0; j < 16; ++j) {
-      const __m512i dot = _mm512_sub_epi32(_mm512_load_si512(sums + 256 * j + 16 * m), _mm512_set1_epi32(offset[j]));
-      total = _mm512_fmadd_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(dot), scale[j]), _mm512_set1_ps(x_scale[j / 2]), total);
-    }
+    for (int q = 0; q < 4; ++q)
+      for (int h = 0; h < 4; ++h)
+        total = scales.step(total, _mm512_load_si512(sums + 256 * (4 * h + q) + 16 * m), 4 * h + q, t, m, u);
     _mm512_store_ps(acc + 16 * m, total);
   }
 }
@@ -211,10 +242,10 @@ void columns(const uint8_t* w, const RowTerms& t, float* acc) {
       if (kSix) multiply<16>(x, t.k, codes[u % 2], 16, sums);
       else multiply<32>(x, t.k, codes[u % 2], 8, sums);
       if (u + 1 < units) kSix ? decode_q6_k(unit + bytes, codes[(u + 1) % 2]) : decode_q4_k(unit + bytes, codes[(u + 1) % 2]);
+      kSix ? floats_q6_k(unit, u, t, sums, acc) : floats_q4_k(unit, u, t, sums, acc);
     } else {
-      kSix ? vnni_q6_k(unit, x, t, sums) : vnni_q4_k(unit, x, t, sums);
+      kSix ? vnni_q6_k(unit, u, t, acc) : vnni_q4_k(unit, u, t, acc);
     }
-    kSix ? floats_q6_k(unit, u, t, sums, acc) : floats_q4_k(unit, u, t, sums, acc);
   }
 }
 
