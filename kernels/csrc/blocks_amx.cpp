@@ -48,7 +48,6 @@ void configure(int64_t rows, int64_t group) {
 }
 
 inline __m512i load(const void* p) { return _mm512_loadu_si512(p); }
-
 inline void store(void* p, __m512i v) { _mm512_storeu_si512(p, v); }
 inline __m512 halves(const uint8_t* p) { return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))); }
 
@@ -70,8 +69,6 @@ void multiply(const int8_t* x, int64_t k, const uint8_t* b, int groups, int32_t*
   }
 }
 
-// The same int32 sums with AVX-512 VNNI: each tile row of codes (16 columns, four values each) times the row's four
-// activations, broadcast. For a few rows this beats a tile multiply, whose fixed cost does not shrink with the rows.
 // The int32 sums of one row with one scale group's tile rows of codes (16 columns, four values a row) with VNNI:
 // each tile row times the row's four activations there, broadcast; two chains for half the latency.
 template <int kCount>

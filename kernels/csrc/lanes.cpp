@@ -214,9 +214,13 @@ namespace {
 // One unit of 16 rows: `file` points at the first row's block, the next rows `stride` bytes apart. A code's byte and
 // its nibble (or its 2 bits) in the tiled unit are found the same way when packing and unpacking.
 void tile_unit(int64_t type, uint8_t* file, int64_t stride, uint8_t* tiled, bool pack) {
-  if (type == Q4_K) {
-    for (int n = 0; n < 16; ++n) {
-      uint8_t* block = file + n * stride;
+  // bytes that move whole: from the file's side to the tiled one when packing, back when unpacking
+  const auto move = [pack](uint8_t* file_side, uint8_t* tiled_side, size_t bytes) {
+    std::memcpy(pack ? tiled_side : file_side, pack ? file_side : tiled_side, bytes);
+  };
+  for (int n = 0; n < 16; ++n) {
+    uint8_t* block = file + n * stride;
+    if (type == Q4_K) {
       for (int g = 0; g < 8; ++g) {
         for (int i = 0; i < 32; ++i) {
           const int at = 512 * (g / 2) + 64 * (i / 4) + 4 * n + i % 4, shift = 4 * (g % 2);
@@ -227,28 +231,15 @@ void tile_unit(int64_t type, uint8_t* file, int64_t stride, uint8_t* tiled, bool
       uint8_t scale[8], min[8];
       if (pack) q4_k_scales(block, scale, min);
       for (int g = 0; g < 8; ++g) {
-        if (pack) {
-          tiled[2048 + 16 * g + n] = scale[g];
-          tiled[2176 + 16 * g + n] = min[g];
-        } else {
-          scale[g] = tiled[2048 + 16 * g + n];
-          min[g] = tiled[2176 + 16 * g + n];
-        }
+        move(scale + g, tiled + 2048 + 16 * g + n, 1);
+        move(min + g, tiled + 2176 + 16 * g + n, 1);
       }
       if (!pack) set_q4_k_scales(block, scale, min);
-      if (pack) {
-        std::memcpy(tiled + 2304 + 2 * n, block, 2);
-        std::memcpy(tiled + 2336 + 2 * n, block + 2, 2);
-      } else {
-        std::memcpy(block, tiled + 2304 + 2 * n, 2);
-        std::memcpy(block + 2, tiled + 2336 + 2 * n, 2);
-      }
+      move(block, tiled + 2304 + 2 * n, 2);      // d
+      move(block + 2, tiled + 2336 + 2 * n, 2);  // dmin
+      continue;
     }
-    return;
-  }
-  for (int n = 0; n < 16; ++n) {  // Q6_K
-    uint8_t* block = file + n * stride;
-    for (int p = 0; p < 256; ++p) {
+    for (int p = 0; p < 256; ++p) {  // Q6_K
       const int row = p / 4, column = 4 * n + p % 4;
       const int low_at = 64 * (row % 32) + column, low_shift = 4 * (row / 32);
       const int high_at = 2048 + 64 * (row % 16) + column, high_shift = 2 * (row / 16);
@@ -260,12 +251,8 @@ void tile_unit(int64_t type, uint8_t* file, int64_t stride, uint8_t* tiled, bool
         set_q6_k_code(block, p, ((tiled[low_at] >> low_shift) & 0x0F) | (((tiled[high_at] >> high_shift) & 0x03) << 4));
       }
     }
-    for (int j = 0; j < 16; ++j) {
-      if (pack) tiled[3072 + 16 * j + n] = block[192 + j];
-      else block[192 + j] = tiled[3072 + 16 * j + n];
-    }
-    if (pack) std::memcpy(tiled + 3328 + 2 * n, block + 208, 2);
-    else std::memcpy(block + 208, tiled + 3328 + 2 * n, 2);
+    for (int j = 0; j < 16; ++j) move(block + 192 + j, tiled + 3072 + 16 * j + n, 1);
+    move(block + 208, tiled + 3328 + 2 * n, 2);
   }
 }
 

@@ -142,40 +142,30 @@ int64_t gguf_layout(int64_t type, int64_t k, int64_t n) {
   return kernels ? kernels->layout(type, k, n) : type;
 }
 
-// w's rows (uint8, rows x bytes) from one layout to another, each row a whole number of the packed layout's units.
-at::Tensor convert(const at::Tensor& w, int64_t from, int64_t to, void (*rearrange)(int64_t, const uint8_t*, uint8_t*,
-                                                                                       int64_t)) {
+// w's rows (uint8, rows x bytes) from one layout to another, each row a whole number of the packed layout's units;
+// tiles move 16 rows at a time.
+at::Tensor convert(const at::Tensor& w, int64_t from, int64_t to) {
   BlockFormat in, out;
   TORCH_CHECK(block_format(from, &in) && block_format(to, &out), "specchat: GGML type ", from, " is not supported");
   TORCH_CHECK(w.device().is_cpu() && w.scalar_type() == at::kByte && w.dim() == 2 && w.size(1) % in.bytes == 0,
               "specchat: blocks must be uint8 (rows, whole blocks of ", in.bytes, " bytes)");
   const int64_t k = w.size(1) / in.bytes * in.weights, unit = std::max(in.weights, out.weights);
   TORCH_CHECK(k % unit == 0, "specchat: rows of ", k, " weights are not whole units of ", unit);
+  const int64_t group = is_tiled(from) || is_tiled(to) ? 16 : 1;
+  TORCH_CHECK(w.size(0) % group == 0, "specchat: tiles take whole groups of 16 rows, not ", w.size(0));
   const at::Tensor source = w.contiguous();
   const int64_t units = k / unit, out_bytes = k / out.weights * out.bytes;
   at::Tensor result = at::empty({w.size(0), out_bytes}, w.options());
   const uint8_t* src = source.data_ptr<uint8_t>();
   uint8_t* dst = result.data_ptr<uint8_t>();
-  at::parallel_for(0, w.size(0), 64, [&](int64_t r0, int64_t r1) {
-    rearrange(from, src + r0 * w.size(1), dst + r0 * out_bytes, (r1 - r0) * units);
-  });
-  return result;
-}
-
-// w's rows (uint8, rows x bytes: a multiple of 16 rows of whole K-quant blocks) from a file type to its tiles, or back.
-at::Tensor tiles(const at::Tensor& w, int64_t from, int64_t to) {
-  BlockFormat in, out;
-  TORCH_CHECK(block_format(from, &in) && block_format(to, &out), "specchat: GGML type ", from, " is not supported");
-  TORCH_CHECK(w.device().is_cpu() && w.scalar_type() == at::kByte && w.dim() == 2 && w.size(1) % in.bytes == 0 &&
-                  w.size(0) % 16 == 0, "specchat: blocks must be uint8 (16 x rows, whole blocks of ", in.bytes, " bytes)");
-  const at::Tensor source = w.contiguous();
-  const int64_t units = w.size(1) / in.bytes, in_row = w.size(1), out_row = units * out.bytes;
-  at::Tensor result = at::empty({w.size(0), out_row}, w.options());
-  const uint8_t* src = source.data_ptr<uint8_t>();
-  uint8_t* dst = result.data_ptr<uint8_t>();
-  at::parallel_for(0, w.size(0) / 16, 4, [&](int64_t g0, int64_t g1) {
-    if (is_tiled(to)) pack_tiles(from, src + 16 * g0 * in_row, dst + 16 * g0 * out_row, 16 * (g1 - g0), units);
-    else unpack_tiles(from, src + 16 * g0 * in_row, dst + 16 * g0 * out_row, 16 * (g1 - g0), units);
+  at::parallel_for(0, w.size(0) / group, 64 / group, [&](int64_t g0, int64_t g1) {
+    const int64_t row = g0 * group, rows = (g1 - g0) * group;
+    const uint8_t* in_rows = src + row * w.size(1);
+    uint8_t* out_rows = dst + row * out_bytes;
+    if (is_tiled(to)) pack_tiles(from, in_rows, out_rows, rows, units);
+    else if (is_tiled(from)) unpack_tiles(from, in_rows, out_rows, rows, units);
+    else if (is_packed(to)) pack_blocks(from, in_rows, out_rows, rows * units);
+    else unpack_blocks(from, in_rows, out_rows, rows * units);
   });
   return result;
 }
@@ -187,14 +177,12 @@ at::Tensor gguf_pack(const at::Tensor& w, int64_t type) {
               " is not a file type the kernels take");
   const int64_t to = gguf_layout(type, w.size(1) / format.bytes * format.weights, w.size(0));
   if (to == type) return w.clone();  // an op does not return its input
-  if (is_tiled(to)) return tiles(w, type, to);
-  return convert(w, type, to, pack_blocks);
+  return convert(w, type, to);
 }
 
 at::Tensor gguf_unpack(const at::Tensor& w, int64_t type) {
   if (!is_packed(type)) return w.clone();
-  if (is_tiled(type)) return tiles(w, type, file_type(type));
-  return convert(w, type, file_type(type), unpack_blocks);
+  return convert(w, type, file_type(type));
 }
 
 }  // namespace
