@@ -21,6 +21,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -71,15 +72,20 @@ def streaming_read(buffer: torch.Tensor) -> float:
     return buffer.numel() * buffer.element_size() / (time.perf_counter() - start)
 
 
-def llamacpp_ms_per_token(gguf: Path, threads: int, executable: Path | None = None) -> float | None:
-    """llama.cpp's decode time per token (ms) of `gguf`; None where it is not built or does not run here (said)."""
+PROMPT = "Write a Python function that checks whether a number is prime, with a docstring."
+
+
+def llamacpp_ms_per_token(gguf: Path, threads: int, executable: Path | None = None, prompt: str = PROMPT
+                          ) -> float | None:
+    """llama.cpp's decode time per token (ms) of `gguf` for 64 tokens after `prompt`; None where it is not built or
+    does not run here (said)."""
     executable = executable or binary(default_cache_dir(), "llamacpp")
     if not executable.is_file():
         return None
-    with tempfile.NamedTemporaryFile("w", suffix=".txt") as prompt:
-        prompt.write("Write a Python function that checks whether a number is prime, with a docstring.")
-        prompt.flush()
-        done = subprocess.run([str(executable), "-m", str(gguf), "-f", prompt.name, "-n", "64", "-t", str(threads),
+    with tempfile.NamedTemporaryFile("w", suffix=".txt") as file:
+        file.write(prompt)
+        file.flush()
+        done = subprocess.run([str(executable), "-m", str(gguf), "-f", file.name, "-n", "64", "-t", str(threads),
                                "--temp", "0", "-no-cnv", "--no-display-prompt", "--ignore-eos"],
                               capture_output=True, text=True, errors="replace")
     if done.returncode != 0:  # e.g. its AMX path dies on some Xeons: LLAMA_ARG_REPACK=0 or a build without AMX runs
@@ -96,10 +102,14 @@ def step_model(quantize: str) -> CachedModel:
     return lm
 
 
-def time_step(lm: CachedModel, context: list[int], new: list[int]) -> float:
+def time_step(lm: CachedModel, context: list[int], new: list[int],
+              then: Callable[[CachedModel], None] | None = None) -> float:
+    """Seconds of one forward of `new` after `context` (`then` called on the model between the two)."""
     with torch.inference_mode():
         lm.reset()
         lm.forward(context)
+        if then is not None:
+            then(lm)
         start = time.perf_counter()
         lm.forward(new)
         seconds = time.perf_counter() - start

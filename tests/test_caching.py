@@ -212,3 +212,41 @@ def test_a_prefill_model_of_another_dtype_shares_the_cache_cast_to_each_models_d
     assert {layer.keys.dtype for layer in lm.cache.layers} == {torch.float32}
     expected = reference.forward(ids + [33])
     assert step.argmax(-1) == expected.argmax(-1) and torch.allclose(step, expected, atol=0.5)
+
+
+def test_a_growing_layer_writes_each_forward_in_place_and_holds_what_concatenation_holds():
+    from transformers.cache_utils import DynamicLayer
+
+    from utils.caching import GrowingLayer
+
+    generator = torch.Generator().manual_seed(3)
+    growing, plain = GrowingLayer(), DynamicLayer()
+    buffers = []
+    for rows in (5, 1, 1, 3, 300, 1):  # the fifth outgrows the first buffer
+        k, v = (torch.randn(1, 2, rows, 8, generator=generator) for _ in range(2))
+        got, want = growing.update(k, v), plain.update(k, v)
+        assert all(torch.equal(a, b) for a, b in zip(got, want, strict=True))
+        buffers.append(growing.keys.data_ptr())
+    assert len(set(buffers[:4])) == 1 and buffers[4] == buffers[5] != buffers[0]
+    growing.crop(-4)
+    plain.crop(-4)
+    k, v = (torch.randn(1, 2, 2, 8, generator=generator) for _ in range(2))
+    got, want = growing.update(k, v), plain.update(k, v)  # overwrites the cropped rows
+    assert growing.keys.data_ptr() == buffers[-1] and all(torch.equal(a, b) for a, b in zip(got, want, strict=True))
+    growing.keys, growing.values = growing.keys.double(), growing.values.double()  # set from outside: copied over
+    plain.keys, plain.values = plain.keys.double(), plain.values.double()
+    k, v = (torch.randn(1, 2, 1, 8, generator=generator, dtype=torch.float64) for _ in range(2))
+    got, want = growing.update(k, v), plain.update(k, v)
+    assert got[0].dtype == torch.float64 and all(torch.equal(a, b) for a, b in zip(got, want, strict=True))
+
+
+def test_a_cached_model_grows_its_cache_in_place_until_it_takes_compiled_steps(target_model):
+    from utils.caching import GrowingLayer
+
+    lm = CachedModel(target_model)
+    with torch.inference_mode():
+        lm.forward(PROMPT)
+        at = lm.cache.layers[0].keys.data_ptr()
+        lm.forward([5])
+    assert isinstance(lm.cache.layers[0], GrowingLayer) and lm.cache.layers[0].keys.data_ptr() == at
+    assert torch.allclose(lm.forward([7])[0], fresh_last_logits(target_model, PROMPT + [5, 7]), atol=1e-10)

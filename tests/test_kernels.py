@@ -223,3 +223,13 @@ def test_row_attention_gives_a_row_the_same_bits_whatever_the_rows_beside_it_and
     finally:
         torch.set_num_threads(threads)
     assert torch.equal(single, torch.cat(alone[22:30], dim=1))
+
+
+def test_row_attention_reads_keys_and_values_in_place_from_a_longer_buffer():
+    generator = torch.Generator().manual_seed(7)
+    q = torch.randn(1, 12, 3, 128, generator=generator)
+    buffer_k, buffer_v = (torch.randn(1, 2, 50, 128, generator=generator) for _ in range(2))
+    k, v = buffer_k[:, :, :33], buffer_v[:, :, :33]  # a cache's view: rows whole, heads 50 rows apart
+    assert not k.is_contiguous()
+    got = kernels.row_attention(q, k, v, None, 128 ** -0.5)
+    assert torch.equal(got, kernels.row_attention(q, k.contiguous(), v.contiguous(), None, 128 ** -0.5))
