@@ -21,7 +21,6 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -102,14 +101,11 @@ def step_model(quantize: str) -> CachedModel:
     return lm
 
 
-def time_step(lm: CachedModel, context: list[int], new: list[int],
-              then: Callable[[CachedModel], None] | None = None) -> float:
-    """Seconds of one forward of `new` after `context` (`then` called on the model between the two)."""
+def time_step(lm: CachedModel, context: list[int], new: list[int]) -> float:
+    """Seconds of one forward of `new` after `context`."""
     with torch.inference_mode():
         lm.reset()
         lm.forward(context)
-        if then is not None:
-            then(lm)
         start = time.perf_counter()
         lm.forward(new)
         seconds = time.perf_counter() - start
