@@ -2,6 +2,7 @@
 // order, by one thread: a row's result has the same bits whatever the rows beside it, the masked-out tail and the
 // threads. The row-by-row attention of models/row_attention.py, without its Python loop.
 #include <ATen/ATen.h>
+#include <immintrin.h>
 #include <ATen/Parallel.h>
 #include <torch/library.h>
 
@@ -12,17 +13,70 @@
 namespace specchat {
 namespace {
 
-constexpr int64_t kWidth = 16;  // partial sums of a dot product, added in a fixed order
-
+// Every step below is the same for a row whatever the rows beside it: its keys' count alone sets the chunks.
 float dot(const float* a, const float* b, int64_t n) {
-  float lanes[kWidth] = {};
+  __m256 low = _mm256_setzero_ps(), high = _mm256_setzero_ps();
   int64_t i = 0;
-  for (; i + kWidth <= n; i += kWidth)
-    for (int64_t l = 0; l < kWidth; ++l) lanes[l] += a[i + l] * b[i + l];
-  for (; i < n; ++i) lanes[i % kWidth] += a[i] * b[i];
-  for (int64_t step = kWidth / 2; step > 0; step /= 2)
-    for (int64_t l = 0; l < step; ++l) lanes[l] += lanes[l + step];
-  return lanes[0];
+  for (; i + 16 <= n; i += 16) {
+    low = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), low);
+    high = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 8), _mm256_loadu_ps(b + i + 8), high);
+  }
+  for (; i + 8 <= n; i += 8) low = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), low);
+  float lanes[8];
+  _mm256_storeu_ps(lanes, _mm256_add_ps(low, high));
+  float sum = ((lanes[0] + lanes[4]) + (lanes[1] + lanes[5])) + ((lanes[2] + lanes[6]) + (lanes[3] + lanes[7]));
+  for (; i < n; ++i) sum += a[i] * b[i];
+  return sum;
+}
+
+// exp for x <= 0 (a score less the row's largest), Cephes' polynomial: within 2 ulp of exp, and below
+// -87.3 (where exp underflows) exp(-87.3).
+__m256 exp_nonpositive(__m256 x) {
+  x = _mm256_max_ps(x, _mm256_set1_ps(-87.3f));
+  const __m256 n = _mm256_floor_ps(_mm256_fmadd_ps(x, _mm256_set1_ps(1.44269504088896341f), _mm256_set1_ps(0.5f)));
+  x = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
+  x = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), x);
+  __m256 y = _mm256_set1_ps(1.9875691500e-4f);
+  for (const float c : {1.3981999507e-3f, 8.3334519073e-3f, 4.1665795894e-2f, 1.6666665459e-1f, 5.0000001201e-1f})
+    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(c));
+  y = _mm256_add_ps(_mm256_fmadd_ps(y, _mm256_mul_ps(x, x), x), _mm256_set1_ps(1.0f));
+  const __m256i power = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+  return _mm256_mul_ps(y, _mm256_castsi256_ps(power));
+}
+
+// w[0..count) = softmax(w): exps of the scores less their largest, over their sum (8 partial sums, then in order).
+void softmax(float* w, int64_t count) {
+  float top = -std::numeric_limits<float>::infinity();
+  for (int64_t n = 0; n < count; ++n) top = std::max(top, w[n]);
+  const __m256 shift = _mm256_set1_ps(top);
+  __m256 sums = _mm256_setzero_ps();
+  int64_t n = 0;
+  for (; n + 8 <= count; n += 8) {
+    const __m256 e = exp_nonpositive(_mm256_sub_ps(_mm256_loadu_ps(w + n), shift));
+    _mm256_storeu_ps(w + n, e);
+    sums = _mm256_add_ps(sums, e);
+  }
+  float lanes[8];
+  _mm256_storeu_ps(lanes, sums);
+  float total = ((lanes[0] + lanes[4]) + (lanes[1] + lanes[5])) + ((lanes[2] + lanes[6]) + (lanes[3] + lanes[7]));
+  if (n < count) {  // the last few through the same function, padded
+    float tail[8];
+    for (int64_t j = 0; j < 8; ++j) tail[j] = n + j < count ? w[n + j] - top : 0.0f;
+    _mm256_storeu_ps(tail, exp_nonpositive(_mm256_loadu_ps(tail)));
+    for (int64_t j = 0; n + j < count; ++j) total += (w[n + j] = tail[j]);
+  }
+  const __m256 scale = _mm256_set1_ps(1.0f / total);
+  for (n = 0; n + 8 <= count; n += 8) _mm256_storeu_ps(w + n, _mm256_mul_ps(_mm256_loadu_ps(w + n), scale));
+  for (; n < count; ++n) w[n] *= 1.0f / total;
+}
+
+// out[0..n) += w * v[0..n)
+void add_scaled(float* out, float w, const float* v, int64_t n) {
+  const __m256 weight = _mm256_set1_ps(w);
+  int64_t c = 0;
+  for (; c + 8 <= n; c += 8)
+    _mm256_storeu_ps(out + c, _mm256_fmadd_ps(weight, _mm256_loadu_ps(v + c), _mm256_loadu_ps(out + c)));
+  for (; c < n; ++c) out[c] += w * v[c];
 }
 
 // q (B, H, Q, D), k and v (B, Hkv, K, D) float32; seen: None (causal: row i sees keys 0..K - Q + i) or bool
@@ -87,25 +141,11 @@ at::Tensor row_attention(const at::Tensor& query, const at::Tensor& key, const a
         for (int64_t h = 0; h < per_unit; ++h)
           weights[h * length + n] = dot(qd + ((b * heads + first + h) * rows + i) * width, kj, width) * scale;
       }
-      std::vector<float> totals(static_cast<size_t>(per_unit));
-      for (int64_t h = 0; h < per_unit; ++h) {
-        float* w = weights.data() + h * length;
-        float top = -std::numeric_limits<float>::infinity();
-        for (int64_t n = 0; n < count; ++n) top = std::max(top, w[n]);
-        float total = 0.0f;
-        for (int64_t n = 0; n < count; ++n) {
-          w[n] = std::exp(w[n] - top);
-          total += w[n];
-        }
-        totals[h] = total;
-      }
+      for (int64_t h = 0; h < per_unit; ++h) softmax(weights.data() + h * length, count);
       for (int64_t n = 0; n < count; ++n) {  // value row n once, for every head of the unit
         const float* vj = vh + keys[n] * value_width;
-        for (int64_t h = 0; h < per_unit; ++h) {
-          const float w = weights[h * length + n] / totals[h];
-          float* oh = oi + h * value_width;
-          for (int64_t c = 0; c < value_width; ++c) oh[c] += w * vj[c];
-        }
+        for (int64_t h = 0; h < per_unit; ++h)
+          add_scaled(oi + h * value_width, weights[h * length + n], vj, value_width);
       }
     }
   });
