@@ -6,6 +6,7 @@
 #include <ATen/Parallel.h>
 #include <torch/library.h>
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <vector>
@@ -70,13 +71,27 @@ void softmax(float* w, int64_t count) {
   for (; n < count; ++n) w[n] *= 1.0f / total;
 }
 
-// out[0..n) += w * v[0..n)
-void add_scaled(float* out, float w, const float* v, int64_t n) {
-  const __m256 weight = _mm256_set1_ps(w);
+// out[0..n) += sum over j < count of w[j] * rows[j][0..n), in j order for each element (the same steps as adding
+// the rows one after another); 64 columns at a time in registers, so `out` is loaded and stored once per call.
+void add_weighted_rows(float* out, const float* w, const float* const* rows, int64_t count, int64_t n) {
   int64_t c = 0;
-  for (; c + 8 <= n; c += 8)
-    _mm256_storeu_ps(out + c, _mm256_fmadd_ps(weight, _mm256_loadu_ps(v + c), _mm256_loadu_ps(out + c)));
-  for (; c < n; ++c) out[c] += w * v[c];
+  for (; c + 64 <= n; c += 64) {
+    __m256 sums[8];
+    for (int64_t l = 0; l < 8; ++l) sums[l] = _mm256_loadu_ps(out + c + 8 * l);
+    for (int64_t j = 0; j < count; ++j) {
+      const __m256 weight = _mm256_set1_ps(w[j]);
+      const float* v = rows[j] + c;
+      for (int64_t l = 0; l < 8; ++l) sums[l] = _mm256_fmadd_ps(weight, _mm256_loadu_ps(v + 8 * l), sums[l]);
+    }
+    for (int64_t l = 0; l < 8; ++l) _mm256_storeu_ps(out + c + 8 * l, sums[l]);
+  }
+  for (; c + 8 <= n; c += 8) {
+    __m256 sum = _mm256_loadu_ps(out + c);
+    for (int64_t j = 0; j < count; ++j) sum = _mm256_fmadd_ps(_mm256_set1_ps(w[j]), _mm256_loadu_ps(rows[j] + c), sum);
+    _mm256_storeu_ps(out + c, sum);
+  }
+  for (; c < n; ++c)
+    for (int64_t j = 0; j < count; ++j) out[c] += w[j] * rows[j][c];
 }
 
 // q (B, H, Q, D), k and v (B, Hkv, K, D) float32; seen: None (causal: row i sees keys 0..K - Q + i) or bool
@@ -142,10 +157,13 @@ at::Tensor row_attention(const at::Tensor& query, const at::Tensor& key, const a
           weights[h * length + n] = dot(qd + ((b * heads + first + h) * rows + i) * width, kj, width) * scale;
       }
       for (int64_t h = 0; h < per_unit; ++h) softmax(weights.data() + h * length, count);
-      for (int64_t n = 0; n < count; ++n) {  // value row n once, for every head of the unit
-        const float* vj = vh + keys[n] * value_width;
+      constexpr int64_t kBlock = 64;  // value rows per block: 32 KB of a 128-wide head, read from L1 by every head
+      const float* block[kBlock];
+      for (int64_t n = 0; n < count; n += kBlock) {
+        const int64_t size = std::min(kBlock, count - n);
+        for (int64_t j = 0; j < size; ++j) block[j] = vh + keys[n + j] * value_width;
         for (int64_t h = 0; h < per_unit; ++h)
-          add_scaled(oi + h * value_width, weights[h * length + n], vj, value_width);
+          add_weighted_rows(oi + h * value_width, weights.data() + h * length + n, block, size, value_width);
       }
     }
   });
