@@ -20,7 +20,7 @@ from transformers.cache_utils import CacheLayerMixin, DynamicLayer
 
 class GrowingLayer(DynamicLayer):
     """A `DynamicLayer` whose keys and values are views of a longer buffer, grown by half again when full: a forward
-    writes its rows in place where `torch.cat` would copy the whole cache every step (a third of a 1.5B model's step
+    writes its rows in place where `torch.cat` would copy the whole cache every step (a fifth of a 1.5B model's step
     on a CPU at a 2,048-token context, docs/kernels.md). Crops stay views; rows past them are overwritten by the next
     update. Keys or values set from outside (another dtype, reordered rows) are copied into a fresh buffer first.
     `grows` False: it concatenates as `DynamicLayer` does (what a compiled step traces: torch.compile cannot take a
@@ -38,31 +38,29 @@ class GrowingLayer(DynamicLayer):
                   else None)
         held = 0 if cached is None else cached[0].shape[-2]
         end = held + key_states.shape[-2]
-        if self._buffers is None or not self._backs(key_states, value_states, end, cached):
-            capacity = end + max(end // 2, 256)
-            keys = key_states.new_empty(*key_states.shape[:-2], capacity, key_states.shape[-1])
-            values = value_states.new_empty(*value_states.shape[:-2], capacity, value_states.shape[-1])
+        states = (key_states, value_states)
+        olds: tuple[Tensor | None, Tensor | None] = cached if cached is not None else (None, None)
+        if self._buffers is None or not all(
+                _backs(buffer, new, end, old) for buffer, new, old in zip(self._buffers, states, olds, strict=True)):
+            self._buffers = cast(tuple[Tensor, Tensor], tuple(
+                new.new_empty(*new.shape[:-2], end + max(end // 2, 256), new.shape[-1]) for new in states))
             if cached is not None:
-                keys[..., :held, :] = cached[0]
-                values[..., :held, :] = cached[1]
-            self._buffers = keys, values
-        keys, values = self._buffers
-        keys[..., held:end, :], values[..., held:end, :] = key_states, value_states
-        self.keys, self.values = keys[..., :end, :], values[..., :end, :]
-        return keys[..., :end, :], values[..., :end, :]
+                for buffer, old in zip(self._buffers, cached, strict=True):
+                    buffer[..., :held, :] = old
+        for buffer, new in zip(self._buffers, states, strict=True):
+            buffer[..., held:end, :] = new
+        keys, values = (buffer[..., :end, :] for buffer in self._buffers)
+        self.keys, self.values = keys, values
+        return keys, values
 
-    def _backs(self, key_states: Tensor, value_states: Tensor, end: int, cached: tuple[Tensor, Tensor] | None
-               ) -> bool:
-        """Whether the buffers take `end` rows of these states (their shape and dtype; writable in this mode), the
-        cached ones (`cached`) at their start."""
-        keys, values = cast(tuple[Tensor, Tensor], self._buffers)
-        if keys.is_inference() and not torch.is_inference_mode_enabled():  # no in-place writes to those out of it
-            return False
-        fits = (keys.shape[-2] >= end and keys.dtype == key_states.dtype and values.dtype == value_states.dtype
-                and keys.shape[:-2] == key_states.shape[:-2] and values.shape[:-2] == value_states.shape[:-2]
-                and keys.shape[-1] == key_states.shape[-1] and values.shape[-1] == value_states.shape[-1])
-        return fits and (cached is None or cached[0].data_ptr() == keys.data_ptr()
-                         and cached[1].data_ptr() == values.data_ptr())
+
+def _backs(buffer: Tensor, states: Tensor, end: int, cached: Tensor | None) -> bool:
+    """Whether `buffer` takes `end` rows of `states` (their shape and dtype; writable in this mode), the cached rows
+    (`cached`, None for none) at its start."""
+    if buffer.is_inference() and not torch.is_inference_mode_enabled():  # no in-place writes to it out of that mode
+        return False
+    return (buffer.shape[-2] >= end and buffer.dtype == states.dtype and buffer.shape[:-2] == states.shape[:-2]
+            and buffer.shape[-1] == states.shape[-1] and (cached is None or cached.data_ptr() == buffer.data_ptr()))
 
 
 def new_cache(config, grows: bool = True) -> DynamicCache:

@@ -2,8 +2,8 @@
 // order, by one thread: a row's result has the same bits whatever the rows beside it, the masked-out tail and the
 // threads. The row-by-row attention of models/row_attention.py, without its Python loop.
 #include <ATen/ATen.h>
-#include <immintrin.h>
 #include <ATen/Parallel.h>
+#include <immintrin.h>
 #include <torch/library.h>
 
 #include <algorithm>
@@ -15,6 +15,14 @@ namespace specchat {
 namespace {
 
 // Every step below is the same for a row whatever the rows beside it: its keys' count alone sets the chunks.
+
+// The 8 lanes' sum, in a fixed order.
+float lane_sum(__m256 x) {
+  float lanes[8];
+  _mm256_storeu_ps(lanes, x);
+  return ((lanes[0] + lanes[4]) + (lanes[1] + lanes[5])) + ((lanes[2] + lanes[6]) + (lanes[3] + lanes[7]));
+}
+
 float dot(const float* a, const float* b, int64_t n) {
   __m256 low = _mm256_setzero_ps(), high = _mm256_setzero_ps();
   int64_t i = 0;
@@ -23,9 +31,7 @@ float dot(const float* a, const float* b, int64_t n) {
     high = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 8), _mm256_loadu_ps(b + i + 8), high);
   }
   for (; i + 8 <= n; i += 8) low = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), low);
-  float lanes[8];
-  _mm256_storeu_ps(lanes, _mm256_add_ps(low, high));
-  float sum = ((lanes[0] + lanes[4]) + (lanes[1] + lanes[5])) + ((lanes[2] + lanes[6]) + (lanes[3] + lanes[7]));
+  float sum = lane_sum(_mm256_add_ps(low, high));
   for (; i < n; ++i) sum += a[i] * b[i];
   return sum;
 }
@@ -57,9 +63,7 @@ void softmax(float* w, int64_t count) {
     _mm256_storeu_ps(w + n, e);
     sums = _mm256_add_ps(sums, e);
   }
-  float lanes[8];
-  _mm256_storeu_ps(lanes, sums);
-  float total = ((lanes[0] + lanes[4]) + (lanes[1] + lanes[5])) + ((lanes[2] + lanes[6]) + (lanes[3] + lanes[7]));
+  float total = lane_sum(sums);
   if (n < count) {  // the last few through the same function, padded
     float tail[8];
     for (int64_t j = 0; j < 8; ++j) tail[j] = n + j < count ? w[n + j] - top : 0.0f;
