@@ -67,7 +67,7 @@ def build_parser() -> argparse.ArgumentParser:
     models.add_argument("--universal-drafter", help="drafter with another tokenizer for hf_universal "
                         f"(default {UNIVERSAL_DRAFTER} with a preset, none with --target; 'none' to skip)")
     models.add_argument("--compile", action=argparse.BooleanOptionalAction,
-                        help="compile our drafter's one-token forward before measuring (torch.compile; HF's drafter "
+                        help="compile our drafter's short forwards before measuring (torch.compile; HF's drafter "
                              "stays as loaded). Default: on a CPU")
     models.add_argument("--threads", type=int, help="torch.set_num_threads (default: torch's choice)")
     run = p.add_argument_group("run")

@@ -64,7 +64,7 @@ def build_parser() -> argparse.ArgumentParser:
     models = p.add_argument_group("models")
     add_model_flags(models)
     models.add_argument("--compile", action=argparse.BooleanOptionalAction,
-                        help="compile the drafter's one-token forward (torch.compile; tens of seconds, in the "
+                        help="compile the drafter's short forwards (torch.compile; tens of seconds, in the "
                              "background while the chat waits for the first prompt, which waits for it if sent "
                              "earlier). Default: on in the chat when the drafter runs on a CPU, off for one "
                              "prompt (-p)")

@@ -151,12 +151,12 @@ def probe_and_calibrate(target: CachedModel, drafter: CachedModel | None, record
 
 
 def compile_step(drafter: CachedModel | None, wanted: bool, report: Report = SILENT) -> float | None:
-    """Compile the drafter's one-token forward now (`CachedModel.compile_step`); the seconds it took, None if not
+    """Compile the drafter's short forwards now (`CachedModel.compile_step`); the seconds it took, None if not
     (where it fails, the drafter runs uncompiled and `report` says why). The chat compiles in the background."""
     if drafter is None or not wanted:
         return None
     try:
-        with report.status("compiling the drafter's one-token forward …"):
+        with report.status("compiling the drafter's short forwards …"):
             return drafter.compile_step()
     except Exception as error:  # noqa: BLE001 (the run goes on, uncompiled, and says so)
         report.say(f"the drafter runs uncompiled: {type(error).__name__}: {error}", Said.PROBLEM)

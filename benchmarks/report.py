@@ -218,7 +218,7 @@ def markdown(report: dict) -> str:
     m, c, summary = report["machine"], report["config"], report["summary"]
     costs = report["costs"]
     counts = ", ".join(f"{k} {v}" for k, v in c["prompt_counts"].items())
-    compiled = " (one-token forward compiled)" if c.get("drafter_compiled") else ""
+    compiled = " (short forwards compiled)" if c.get("drafter_compiled") else ""
     lines = [
         "## Benchmark results",
         "",

@@ -161,7 +161,7 @@ class ChatSession:
         return self.compile_status == COMPILING
 
     def compile_drafter(self) -> PausableThread | None:
-        """Compile the drafter's one-token forward on a background thread (`CachedModel.compile_step`); the drafter
+        """Compile the drafter's short forwards on a background thread (`CachedModel.compile_step`); the drafter
         switches once the graph is ready, `compile_status` says how it went. A turn holds the compile while it runs
         (`compile_paused`) and decodes with the eager step meanwhile: beside a decode, the compile would make it
         crawl."""

@@ -131,7 +131,7 @@ def test_invariant_holds_after_every_round(target_model, small_drafter_model, ga
 
 @pytest.fixture(scope="module")
 def compiled_drafter():
-    """A float32 tiny drafter whose one-token forwards are compiled (tens of seconds on two cores: built once)."""
+    """A float32 tiny drafter whose short forwards are compiled (tens of seconds on two cores: built once)."""
     from tests.helpers import tiny_model
 
     model = tiny_model(seed=1, layers=1, hidden=16, dtype=torch.float32)
@@ -157,18 +157,21 @@ def counting_steps(lm: CachedModel):
 
 
 @pytest.mark.slow
-def test_compiled_step_takes_one_token_forwards_once_the_cache_holds_two(compiled_drafter):
+def test_compiled_step_takes_short_forwards_once_the_cache_holds_two(compiled_drafter):
     lm, eager = compiled_drafter, CachedModel(compiled_drafter.model)
+    long = list(range(3, 3 + lm.prefill_from))
     with counting_steps(lm) as fed:
         lm.reset()
         with torch.inference_mode():
-            for ids in ([3], [17], PROMPT, [5], [6]):  # a cache of 0 and 1 tokens: eager; 6 tokens: eager
+            # a cache of 0 and 1 tokens: eager; then one and two tokens compiled, prefill_from tokens eager
+            for ids in ([3], [17], [5], [6, 7], long, [8]):
                 assert torch.allclose(lm.forward(ids), eager.forward(ids), atol=1e-5)
             lm.crop(4)
             eager.crop(4)
-            assert torch.allclose(lm.forward([9]), eager.forward([9]), atol=1e-5)  # a cropped cache: compiled too
-    assert fed == [1, 1, 1]
-    assert lm.tokens == eager.tokens == [3, 17, 3, 17, 9] and lm.cache.get_seq_length() == 5
+            for ids in ([9], [10, 11]):  # a cropped cache: compiled too
+                assert torch.allclose(lm.forward(ids, keep=len(ids)), eager.forward(ids, keep=len(ids)), atol=1e-5)
+    assert fed == [1, 2, 1, 1, 2]
+    assert lm.tokens == eager.tokens == [3, 17, 5, 6, 9, 10, 11] and lm.cache.get_seq_length() == 7
 
 
 @pytest.mark.slow
@@ -183,7 +186,7 @@ def test_speculative_with_a_compiled_drafter_equals_autoregressive(target_model,
     with counting_steps(compiled_drafter) as fed:
         rounds = list(strategy.stream(PROMPT, config))
     assert [t for r in rounds for t in r.tokens] == expected
-    assert len(fed) >= len(rounds)  # the drafter's one-token forwards ran compiled
+    assert len(fed) >= len(rounds)  # the drafter's short forwards ran compiled
 
 
 def test_a_failed_compile_leaves_the_model_eager(target_model, monkeypatch):

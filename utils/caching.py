@@ -88,6 +88,9 @@ def crop(cache: DynamicCache, length: int) -> None:
         raise ValueError(f"cannot crop a cache of {cache.get_seq_length()} tokens to {length}")
     if surplus:
         cache.crop(-surplus)
+        for layer in cache.layers:  # a compiled step's guards take a cropped view's strides for another graph
+            if isinstance(layer, GrowingLayer) and not layer.grows and layer.keys is not None:
+                layer.keys, layer.values = layer.keys.contiguous(), layer.values.contiguous()
 
 
 def select_rows(cache: DynamicCache, rows: Tensor) -> None:
@@ -137,8 +140,10 @@ class CachedModel:
     one-token forward is bound by the bytes of weights read, but prefills several times slower (docs/formats.md). Both
     fill the one cache; drafts from it are verified as always.
 
-    `step_model`: `model` compiled for one-token forwards (`compile_step`), which it then takes once the cache holds
-    two tokens or more (a cache of 0 or 1 would compile a graph of its own: torch specializes those sizes).
+    `step_model`: `model` compiled for short forwards (`compile_step`), which it then takes for every forward of
+    fewer than `prefill_from` tokens once the cache holds two tokens or more (a cache of 0 or 1 would compile a graph
+    of its own: torch specializes those sizes): a drafter's first forward of a round feeds the tokens the target
+    accepted after its drafts, often two.
 
     `keep_hidden()`: from then on `hidden` also holds the model's last hidden state (after its final norm) of every
     cached token, row for row with `tokens`, through crops and moved rows alike: what draft heads read.
@@ -199,8 +204,8 @@ class CachedModel:
         """
         start = len(self.tokens)
         spare = 0 if model_kwargs else max(self.min_rows - len(ids), 0)  # a tree's rows come with their own mask
-        step = (self.step_model is not None and len(ids) == 1 and not spare and start >= 2 and not model_kwargs
-                and not self.keeps_hidden)
+        step = (self.step_model is not None and 0 < len(ids) < self.prefill_from and not spare and start >= 2
+                and not model_kwargs and not self.keeps_hidden)
         if self.keeps_hidden:
             model_kwargs["output_hidden_states"] = True
         if step:
@@ -249,13 +254,14 @@ class CachedModel:
                 layer.keys, layer.values = layer.keys.to(dtype), layer.values.to(dtype)
 
     def compile_step(self, workers: int | None = None) -> float:
-        """Compile `model` for one-token forwards (torch.compile, the context length dynamic) and hand them to it.
+        """Compile `model` for short forwards (torch.compile, the context length and the rows dynamic) and hand them
+        to it.
 
         A one-token forward of a small model on a CPU spends a large share of its time in Python and operator
         dispatch between the matrix products (docs/formats.md); the compiled graph fuses the small operators.
         Compiling takes tens of seconds: it runs on a scratch cache of its own, so it may run on another thread while
-        this model decodes, and `step_model` is set only once both graphs it needs (the cache grown by a forward, and
-        cropped) are built.
+        this model decodes, and `step_model` is set only once the graphs it needs (one token and several, the cache
+        grown by a forward and cropped) are built.
         Errors (no C++ compiler, an unsupported model) propagate and leave the model as it was. Returns the seconds it
         took. `workers`: inductor's parallel compile processes (None: its default).
         """
@@ -275,6 +281,9 @@ class CachedModel:
             scratch.forward([0])
             scratch.crop(3)
             scratch.forward([0])
+            scratch.forward([0, 0])  # torch specializes one row: several take a graph of their own
+            scratch.crop(4)
+            scratch.forward([0, 0])
         self.step_model = step
         return time.perf_counter() - started
 
