@@ -1,4 +1,4 @@
-"""The project's CPU kernels: matmuls over a GGUF tensor's own blocks (Q4_K, Q6_K, Q5_0, Q8_0) for 1..16 rows and
+"""The project's CPU kernels: matmuls over a GGUF tensor's own blocks (Q4_K, Q6_K, Q4_0, Q5_0, Q8_0) for 1..16 rows and
 tiled for prefill, activations rounded to int8 per block; each row's result has the same bits whatever the number of
 rows. A torch op (`torch.ops.specchat.gguf_mm`), built from csrc/ by `kernels.build`.
 """
@@ -14,7 +14,7 @@ from torch import Tensor
 from kernels.build import BuildError, build
 
 # GGML type id -> (weights, bytes) per block, as csrc/blocks.h reads them
-BLOCKS = {"Q5_0": (6, 32, 22), "Q8_0": (8, 32, 34), "Q4_K": (12, 256, 144), "Q6_K": (14, 256, 210)}
+BLOCKS = {"Q4_0": (2, 32, 18), "Q5_0": (6, 32, 22), "Q8_0": (8, 32, 34), "Q4_K": (12, 256, 144), "Q6_K": (14, 256, 210)}
 BLOCK_BYTES = {type_id: (weights, size) for type_id, weights, size in BLOCKS.values()}
 
 
@@ -36,7 +36,7 @@ def _loaded(cache_dir: Path | None = None) -> str | None:
 
 
 # The layouts the AVX-512 and AMX kernels read (csrc/lanes.h): (weights, bytes) per unit of a row, by type id
-PACKED = {262: (128, 88), 264: (128, 136), 268: (256, 148), 270: (256, 210), 524: (256, 148), 526: (256, 210)}
+PACKED = {258: (128, 72), 262: (128, 88), 264: (128, 136), 268: (256, 148), 270: (256, 210), 524: (256, 148), 526: (256, 210)}
 
 
 def _fake_mm(x: Tensor, w: Tensor, ggml_type: int, out_features: int, bias: Tensor | None = None) -> Tensor:
@@ -129,7 +129,8 @@ def matmul(x: Tensor, blocks: Tensor, block_type: str, out_features: int, bias: 
 
 def quantize(weights: Tensor, block_type: str = "Q8_0") -> Tensor:
     """Dense weights (out, in) as GGUF blocks, uint8 (out, bytes of one row), quantized as ggml's reference quantizer
-    does (Q8_0 only: one fp16 scale max|w| / 127 per 32 weights, int8 codes); `in` a multiple of 32."""
+    does (Q8_0: one fp16 scale max|w| / 127 per 32 weights, int8 codes; Q4_0: one fp16 scale per 32 weights, the
+    largest in magnitude over -8, 4-bit codes); `in` a multiple of 32."""
     if (reason := unavailable()) is not None:
         raise RuntimeError(f"the GGUF block kernels cannot run here: {reason}")
     return torch.ops.specchat.gguf_quantize(weights.detach().float(), BLOCKS[block_type][0])

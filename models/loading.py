@@ -41,6 +41,7 @@ class LoadedModel:
     dense: PreTrainedModel | None = None  # a quantized model's weights before quantizing, when asked for (prefill)
     placement: str = ""  # where a device map put its layers (`models.placement.describe`); "" on one device
     requantized: int = 0  # gguf: layers the file holds in types the kernels lack, quantized to Q8_0 at load
+    smaller: int = 0  # gguf: layers the file holds in wider types, quantized again to Q4_0 at load (a drafter)
 
     @property
     def label(self) -> str:
@@ -54,6 +55,7 @@ class LoadedModel:
             kinds = sorted({m.block_type for m in self.model.modules()
                             if isinstance(m, (blocks.BlockLinear, blocks.BlockEmbedding))})
             rest = f", {self.requantized} layers of other types as Q8_0" if self.requantized else ""
+            rest += f", {self.smaller} layers of wider types again as Q4_0" if self.smaller else ""
             return (f"the GGUF's own {', '.join(kinds)} blocks{rest} ({kernels.isa()} kernels {kernels.build_id()}, "
                     "int8 activations), the rest float32")
         if self.quantize == "q8_0":
@@ -92,7 +94,9 @@ def load_model(
     """Load `spec` (embedded name, saved directory, .gguf file or Hub id) in eval mode on `device`.
 
     `requantize_rest`: with "auto" resolved to gguf, the layers the file holds in types the kernels lack (Q4_1, ...)
-    are quantized to Q8_0 blocks at load instead of running dense, a change of weights only a drafter may take.
+    are quantized to Q8_0 blocks at load instead of running dense, and those in types of more bits a weight than Q4_0
+    (Q5_0, Q6_K, Q8_0) quantized again to Q4_0, fewer bytes a step: changes of weights only a drafter may take (its
+    acceptance measured unchanged, docs/kernels.md).
 
     `placement`: the model's layers where its device map puts them (`models.placement`), instead of on `device`: dense
     weights only (quantize "auto" loads them; another format is refused in one line).
@@ -128,12 +132,14 @@ def load_model(
         model, tokenizer = _from_pretrained(spec, source, read_dtype, trust_remote_code)
     model.to(torch_device)  # type: ignore[arg-type]  # transformers' decorator on `to` hides its signature
     model.eval()
-    dense, requantized = None, 0
+    dense, requantized, smaller = None, 0, 0
     if quantize == "gguf":
         # prefill runs on the same kernels: no dense copy
         _apply_file_weights(model, blocks.apply, str(gguf),
                             f"{', '.join(kernels.BLOCKS)} weights. Fix: use int4 for other types.")
-        requantized = len(blocks.quantize_dense(model)) if requantize_rest and asked == "auto" else 0
+        if requantize_rest and asked == "auto":
+            smaller = len(blocks.requantize(model, "Q4_0"))
+            requantized = len(blocks.quantize_dense(model))
         model.float()  # norms and biases (and a layer in another type); the blocks are uint8 and stay
     elif quantize == "q8_0":
         if not blocks.quantize_dense(model):
@@ -154,7 +160,7 @@ def load_model(
         if weights is not None and packs and torch_device.type == "cpu" and prepack_available(torch_dtype):
             prepack(weights)
     return LoadedModel(model=model, tokenizer=tokenizer, name=source.name, source=source.location, quantize=quantize,
-                       dense=dense, requantized=requantized)
+                       dense=dense, requantized=requantized, smaller=smaller)
 
 
 def _load_placed(spec: str, placement: Placement, dtype: str, quantize: str, trust_remote_code: bool,

@@ -70,6 +70,25 @@ def test_a_block_linear_computes_its_dequantized_weights():
         blocks.BlockLinear(raw, "Q4_1", 512, None)
 
 
+def test_requantize_takes_the_wider_types_to_q4_0_of_their_own_values_and_leaves_the_rest():
+    model = block_model(seed=5)
+    before = {name: (module.block_type, module.dequantized()) for name, module in model.named_modules()
+              if isinstance(module, blocks.BlockLinear)}
+    embedding = model.get_input_embeddings()
+    replaced = blocks.requantize(model, "Q4_0")
+
+    assert sorted(replaced) == sorted(name for name, (kind, _) in before.items() if kind in ("Q6_K", "Q8_0", "Q5_0"))
+    assert model.get_input_embeddings() is embedding  # a lookup reads few rows: the embedding keeps its blocks
+    for name, (kind, weights) in before.items():
+        layer = model.get_submodule(name)
+        if name not in replaced:
+            assert layer.block_type == kind == "Q4_K" and torch.equal(layer.dequantized(), weights)
+            continue
+        expected = kernels.quantize(weights, "Q4_0")  # ggml's Q4_0 of the values the wider blocks held
+        assert layer.block_type == "Q4_0" and torch.equal(kernels.unpack(layer.blocks, layer.type_id), expected)
+    assert blocks.requantize(model, "Q4_0") == []  # nothing wider is left
+
+
 def test_on_the_blocks_the_probe_finds_an_exact_path_and_speculative_output_equals_autoregressive():
     target = CachedModel(block_model())
     found = invariance.probe(target)

@@ -138,17 +138,19 @@ def test_weights_tiled_for_amx_are_refused_by_the_other_kernels_with_the_reason(
         kernels.use()
 
 
-def test_q8_0_quantization_makes_the_blocks_ggml_makes():
+@pytest.mark.parametrize("block_type", ["Q8_0", "Q4_0"])
+def test_quantization_makes_the_blocks_ggml_makes(block_type):
     from gguf import GGMLQuantizationType, quants
 
     weights = torch.randn(40, 320, generator=torch.Generator().manual_seed(8)) * 0.05
     weights[3, :32] = 0  # a block of zeros: scale 0, codes 0
-    weights[5, 7] = weights[5, :32].abs().max() / 127 * 2.5  # a value half way between two codes
-    got = kernels.quantize(weights)
-    assert got.dtype == torch.uint8 and torch.equal(got, torch.from_numpy(quants.quantize(weights.numpy(),
-                                                                                          GGMLQuantizationType.Q8_0)))
+    weights[5, 7] = weights[5, :32].abs().max() / 127 * 2.5  # a value half way between two Q8_0 codes
+    weights[6, :32] = -weights[6, :32].abs()  # Q4_0: the largest magnitude negative, its scale positive
+    got = kernels.quantize(weights, block_type)
+    expected = quants.quantize(weights.numpy(), GGMLQuantizationType[block_type])
+    assert got.dtype == torch.uint8 and torch.equal(got, torch.from_numpy(expected))
     with pytest.raises(RuntimeError, match="whole blocks of 32"):
-        kernels.quantize(torch.randn(4, 40))
+        kernels.quantize(torch.randn(4, 40), block_type)
 
 
 def test_inputs_that_do_not_fit_the_blocks_are_refused_with_the_reason():

@@ -766,7 +766,8 @@ def test_smollm2_pair_loads_from_cache_and_tells_a_foreign_tokenizer(smollm2_fir
 @pytest.mark.skipif(kernels.unavailable() is not None, reason="the kernels are not built here")
 def test_a_drafter_gguf_in_types_the_kernels_lack_runs_them_as_q8_0(smollm2_first_load):
     """SmolLM2's file keeps its linears in Q4_1: as a drafter ("auto") they become Q8_0 blocks instead of running
-    dense float32; asked for "gguf" (the file's own blocks only) they stay dense."""
+    dense float32, and its output layer (the file's Q8_0 embedding) is quantized again to Q4_0; asked for "gguf" (the
+    file's own blocks only) they stay as the file has them."""
     cache = smollm2_first_load.cache
     drafter = load_model("smollm2-135m", quantize="auto", cache_dir=cache, progress=False, requantize_rest=True)
     own = load_model("smollm2-135m", quantize="gguf", cache_dir=cache, progress=False, requantize_rest=True)
@@ -775,12 +776,14 @@ def test_a_drafter_gguf_in_types_the_kernels_lack_runs_them_as_q8_0(smollm2_firs
     layers = [m for m in drafter.model.model.layers.modules() if isinstance(m, torch.nn.Linear | BlockLinear)]
     assert layers and all(isinstance(m, BlockLinear) for m in layers)
     assert drafter.requantized == len(layers) and "as Q8_0" in drafter.format
-    assert own.requantized == 0 and any(isinstance(m, torch.nn.Linear) for m in own.model.model.layers.modules())
+    assert drafter.smaller == 1 and drafter.model.lm_head.block_type == "Q4_0" and "again as Q4_0" in drafter.format
+    assert own.requantized == own.smaller == 0 and own.model.lm_head.block_type == "Q8_0"
+    assert any(isinstance(m, torch.nn.Linear) for m in own.model.model.layers.modules())
     ids = torch.tensor([[1, 9690, 198, 2683, 359, 253, 5356, 11173]])
     with torch.inference_mode():
         got, want = drafter.model(ids).logits, dense.model(ids).logits
     assert (got.argmax(-1) == want.argmax(-1)).float().mean() >= 0.75
-    assert (got - want).abs().max() < 0.1 * want.abs().max()
+    assert (got - want).abs().max() < 0.2 * want.abs().max()  # 4-bit output rows: a drafter's, never the output
 
 
 @pytest.mark.parametrize("value, expected", [("0", False), ("1", True)])

@@ -1,4 +1,4 @@
-// Matmul of float activations with weights in GGUF blocks (Q4_K, Q6_K, Q5_0, Q8_0): the interface between the
+// Matmul of float activations with weights in GGUF blocks (Q4_K, Q6_K, Q4_0, Q5_0, Q8_0): the interface between the
 // torch op (ops.cpp) and one instruction set's kernels (blocks_<isa>.cpp), free of torch headers.
 #pragma once
 #include <cstdint>
@@ -6,10 +6,10 @@
 namespace specchat {
 
 // GGML's type ids, as the GGUF file names them; and the packed layouts the AVX-512 kernels read (lanes.h), whose
-// blocks are units: one K-quant block, or four Q5_0/Q8_0 blocks.
+// blocks are units: one K-quant block, or four Q4_0/Q5_0/Q8_0 blocks.
 enum BlockType : int64_t {
-  Q5_0 = 6, Q8_0 = 8, Q4_K = 12, Q6_K = 14,
-  Q5_0_LANES = 256 + Q5_0, Q8_0_LANES = 256 + Q8_0, Q4_K_LANES = 256 + Q4_K, Q6_K_LANES = 256 + Q6_K,
+  Q4_0 = 2, Q5_0 = 6, Q8_0 = 8, Q4_K = 12, Q6_K = 14,
+  Q4_0_LANES = 256 + Q4_0, Q5_0_LANES = 256 + Q5_0, Q8_0_LANES = 256 + Q8_0, Q4_K_LANES = 256 + Q4_K, Q6_K_LANES = 256 + Q6_K,
   Q4_K_TILES = 512 + Q4_K, Q6_K_TILES = 512 + Q6_K
 };
 
@@ -20,10 +20,12 @@ struct BlockFormat {
 
 inline bool block_format(int64_t type, BlockFormat* format) {
   switch (type) {
+    case Q4_0: *format = {32, 18}; return true;
     case Q5_0: *format = {32, 22}; return true;
     case Q8_0: *format = {32, 34}; return true;
     case Q4_K: *format = {256, 144}; return true;
     case Q6_K: *format = {256, 210}; return true;
+    case Q4_0_LANES: *format = {128, 72}; return true;
     case Q5_0_LANES: *format = {128, 88}; return true;
     case Q8_0_LANES: *format = {128, 136}; return true;
     case Q4_K_LANES: *format = {256, 148}; return true;

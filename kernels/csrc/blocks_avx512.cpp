@@ -1,5 +1,5 @@
-// AVX-512 (F, BW, DQ, VL) + VNNI kernels. The weights of a unit (256 for the K-quants, four blocks = 128 for Q5_0 and
-// Q8_0) come as 64-byte vectors whose int32 lanes each belong to one scale group (packed so at load, lanes.h), and
+// AVX-512 (F, BW, DQ, VL) + VNNI kernels. The weights of a unit (256 for the K-quants, four blocks = 128 for Q4_0,
+// Q5_0 and Q8_0) come as 64-byte vectors whose int32 lanes each belong to one scale group (packed so at load, lanes.h), and
 // the activations are stored in the matching order when they are rounded: `vpdpbusd` then sums a lane's products over
 // the whole unit in int32, and a row pays one conversion and two float steps per unit instead of one per group.
 // Every row runs the same instructions in the same order whatever the number of rows and the thread: a row's result
@@ -30,10 +30,11 @@ inline void prefetch(const uint8_t* p, int64_t bytes) {
 }
 
 // What the integer sum of a lane starts from: minus the codes' offset times the lane's activations (Q6_K's 32,
-// Q5_0's 16, Q8_0's 128 from its codes stored plus 128 as unsigned bytes); Q4_K's mins are scaled by the block.
+// Q4_0's 8, Q5_0's 16, Q8_0's 128 from its codes stored plus 128 as unsigned bytes); Q4_K's mins are scaled by the
+// block.
 int offset_of(int64_t type) {
   type = file_type(type);
-  return type == Q6_K ? 32 : type == Q5_0 ? 16 : type == Q8_0 ? 128 : 0;
+  return type == Q6_K ? 32 : type == Q4_0 ? 8 : type == Q5_0 ? 16 : type == Q8_0 ? 128 : 0;
 }
 
 // Per row: per 32 values one scale (max |x| / 127) and int8 values; per unit the values in the type's order, then per
@@ -171,11 +172,12 @@ void q6_k(const uint8_t* w, const Activations& a, int64_t row0, float* result) {
   for (int r = 0; r < R; ++r) result[r] = _mm512_reduce_add_ps(acc[r]);
 }
 
-// Q5_0_LANES and Q8_0_LANES (lanes.h): weight = d * (code - 16) and d * (code - 128) for the unsigned codes; lanes
-// 4m..4m + 3 are block m.
-template <int R, bool kQ8>
+// Q4_0_LANES, Q5_0_LANES and Q8_0_LANES (lanes.h): weight = d * (code - 8), d * (code - 16) and d * (code - 128) for
+// the unsigned codes; lanes 4m..4m + 3 are block m.
+template <int R, int64_t kType>
 void small_blocks(const uint8_t* w, const Activations& a, int64_t row0, float* result) {
-  constexpr int64_t bytes = kQ8 ? 136 : 88;
+  constexpr bool kQ8 = kType == Q8_0;
+  constexpr int64_t bytes = kQ8 ? 136 : kType == Q5_0 ? 88 : 72;
   const int64_t units = a.k / 128;
   const __m512i quarter = _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3);
   const __m512i nibble = _mm512_set1_epi8(0x0F), bit4 = _mm512_set1_epi8(0x10);
@@ -190,6 +192,10 @@ void small_blocks(const uint8_t* w, const Activations& a, int64_t row0, float* r
     if (kQ8) {
       codes[0] = load(unit);
       codes[1] = load(unit + 64);
+    } else if (kType == Q4_0) {
+      const __m512i low = load(unit);
+      codes[0] = _mm512_and_si512(low, nibble);
+      codes[1] = _mm512_and_si512(_mm512_srli_epi16(low, 4), nibble);
     } else {
       uint64_t high[2];
       std::memcpy(high, unit + 64, 16);
@@ -217,8 +223,9 @@ void rows(int64_t type, const uint8_t* w, const Activations& a, int64_t row0, fl
   switch (type) {
     case Q4_K_LANES: q4_k<R>(w, a, row0, result); break;
     case Q6_K_LANES: q6_k<R>(w, a, row0, result); break;
-    case Q8_0_LANES: small_blocks<R, true>(w, a, row0, result); break;
-    case Q5_0_LANES: small_blocks<R, false>(w, a, row0, result); break;
+    case Q8_0_LANES: small_blocks<R, Q8_0>(w, a, row0, result); break;
+    case Q5_0_LANES: small_blocks<R, Q5_0>(w, a, row0, result); break;
+    case Q4_0_LANES: small_blocks<R, Q4_0>(w, a, row0, result); break;
   }
 }
 
@@ -246,12 +253,12 @@ void matmul(int64_t type, const uint8_t* w, int64_t row_bytes, const Activations
   }
 }
 
-// Every type is read packed (lanes.h); the file's own layouts go to the AVX2 kernels, as do Q5_0 and Q8_0 rows that
-// are not whole units of 128.
+// Every type is read packed (lanes.h); the file's own layouts go to the AVX2 kernels, as do Q4_0, Q5_0 and Q8_0 rows
+// that are not whole units of 128.
 bool takes(int64_t type, int64_t) { return is_packed(type) && !is_tiled(type); }
 
 int64_t layout(int64_t type, int64_t k, int64_t) {
-  const bool whole = type == Q4_K || type == Q6_K || ((type == Q5_0 || type == Q8_0) && k % 128 == 0);
+  const bool whole = type == Q4_K || type == Q6_K || ((type == Q4_0 || type == Q5_0 || type == Q8_0) && k % 128 == 0);
   return whole ? type + 256 : type;
 }
 

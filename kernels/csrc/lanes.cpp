@@ -21,7 +21,7 @@ LaneOrder make_order(int64_t type) {
         } else if (type == Q6_K) {  // lane 4m + i is the 16 values of sub-block 4i + m
           const int m = lane / 4, i = lane % 4;
           element = 16 * (4 * i + m) + 4 * t + e;
-        } else {  // Q5_0, Q8_0: 128-bit lane m is 16 codes of block m, the first half in vector 0, the second in 1
+        } else {  // Q4_0, Q5_0, Q8_0: 128-bit lane m is 16 codes of block m, the first half in vector 0, the second in 1
           element = 32 * (lane / 4) + 16 * t + 4 * (lane % 4) + e;
         }
         order.element[64 * t + 4 * lane + e] = static_cast<int16_t>(element);
@@ -142,14 +142,17 @@ void unpack_k_quants(int64_t packed_type, const uint8_t* in, uint8_t* out, int64
 
 
 // The file's Q5_0 (fp16 d, 32 fifth bits, 16 bytes of low 4 bits: value i < 16 in the low nibble of byte i, i >= 16
-// in the high nibble of byte i - 16) and Q8_0 (fp16 d, 32 int8 codes), four blocks a unit: unsigned codes (Q5_0's
-// 0..31, Q8_0's plus 128) of element e of the unit.
+// in the high nibble of byte i - 16), Q4_0 (fp16 d, the 4-bit codes as Q5_0's low bits) and Q8_0 (fp16 d, 32 int8
+// codes), four blocks a unit: unsigned codes (Q4_0's 0..15, Q5_0's 0..31, Q8_0's plus 128) of element e of the unit.
+int64_t small_block_bytes(int64_t type) { return type == Q8_0 ? 34 : type == Q5_0 ? 22 : 18; }
+
 int small_code(const uint8_t* unit, int64_t type, int e) {
   const int m = e / 32, i = e % 32;
   if (type == Q8_0) return static_cast<int8_t>(unit[34 * m + 2 + i]) + 128;
-  const uint8_t* block = unit + 22 * m;
-  const int low = i < 16 ? block[6 + i] & 0x0F : block[6 + i - 16] >> 4;
-  return low | (((block[2 + i / 8] >> (i % 8)) & 1) << 4);
+  const uint8_t* block = unit + small_block_bytes(type) * m;
+  const uint8_t* low_bytes = block + (type == Q5_0 ? 6 : 2);
+  const int low = i < 16 ? low_bytes[i] & 0x0F : low_bytes[i - 16] >> 4;
+  return type == Q4_0 ? low : low | (((block[2 + i / 8] >> (i % 8)) & 1) << 4);
 }
 
 void set_small_code(uint8_t* unit, int64_t type, int e, int code) {
@@ -158,15 +161,15 @@ void set_small_code(uint8_t* unit, int64_t type, int e, int code) {
     unit[34 * m + 2 + i] = static_cast<uint8_t>(code - 128);
     return;
   }
-  uint8_t* block = unit + 22 * m;
-  block[6 + i % 16] |= static_cast<uint8_t>((code & 0x0F) << (i < 16 ? 0 : 4));
-  block[2 + i / 8] |= static_cast<uint8_t>((code >> 4) << (i % 8));
+  uint8_t* block = unit + small_block_bytes(type) * m;
+  block[(type == Q5_0 ? 6 : 2) + i % 16] |= static_cast<uint8_t>((code & 0x0F) << (i < 16 ? 0 : 4));
+  if (type == Q5_0) block[2 + i / 8] |= static_cast<uint8_t>((code >> 4) << (i % 8));
 }
 
 void pack_small(int64_t type, const uint8_t* in, uint8_t* out, int64_t units) {
   const LaneOrder& order = lane_order(type);
   const bool q8 = type == Q8_0;
-  const int64_t in_bytes = q8 ? 136 : 88, out_bytes = in_bytes, scales = out_bytes - 8, block = in_bytes / 4;
+  const int64_t block = small_block_bytes(type), in_bytes = 4 * block, out_bytes = in_bytes, scales = out_bytes - 8;
   for (int64_t u = 0; u < units; ++u, in += in_bytes, out += out_bytes) {
     std::memset(out, 0, static_cast<size_t>(out_bytes));
     for (int p = 0; p < 128; ++p) {
@@ -175,7 +178,7 @@ void pack_small(int64_t type, const uint8_t* in, uint8_t* out, int64_t units) {
         out[p] = static_cast<uint8_t>(code);
       } else {
         out[p % 64] |= static_cast<uint8_t>((code & 0x0F) << (4 * (p / 64)));
-        out[64 + p / 8] |= static_cast<uint8_t>((code >> 4) << (p % 8));
+        if (type == Q5_0) out[64 + p / 8] |= static_cast<uint8_t>((code >> 4) << (p % 8));
       }
     }
     for (int m = 0; m < 4; ++m) std::memcpy(out + scales + 2 * m, in + block * m, 2);
@@ -185,11 +188,12 @@ void pack_small(int64_t type, const uint8_t* in, uint8_t* out, int64_t units) {
 void unpack_small(int64_t type, const uint8_t* in, uint8_t* out, int64_t units) {
   const LaneOrder& order = lane_order(type);
   const bool q8 = type == Q8_0;
-  const int64_t in_bytes = q8 ? 136 : 88, scales = in_bytes - 8, block = in_bytes / 4;
+  const int64_t block = small_block_bytes(type), in_bytes = 4 * block, scales = in_bytes - 8;
   for (int64_t u = 0; u < units; ++u, in += in_bytes, out += in_bytes) {
     std::memset(out, 0, static_cast<size_t>(in_bytes));
     for (int p = 0; p < 128; ++p) {
-      const int code = q8 ? in[p] : ((in[p % 64] >> (4 * (p / 64))) & 0x0F) | (((in[64 + p / 8] >> (p % 8)) & 1) << 4);
+      const int low = (in[p % 64] >> (4 * (p / 64))) & 0x0F;
+      const int code = q8 ? in[p] : type == Q4_0 ? low : low | (((in[64 + p / 8] >> (p % 8)) & 1) << 4);
       set_small_code(out, type, order.element[p], code);
     }
     for (int m = 0; m < 4; ++m) std::memcpy(out + block * m, in + scales + 2 * m, 2);

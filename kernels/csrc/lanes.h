@@ -12,7 +12,7 @@ constexpr int kLanes = 16;  // int32 lanes per 64-byte vector, and per unit
 
 // Where each byte of a unit's vectors comes from: byte p = 64 t + 4 lane + e of the rearranged unit is the unit's
 // weight (and activation) element[p]; group[lane] is the activation scale group (of 32) the lane's elements are in.
-// A unit is a 256-weight K-quant block, or four Q5_0/Q8_0 blocks.
+// A unit is a 256-weight K-quant block, or four Q4_0/Q5_0/Q8_0 blocks.
 struct LaneOrder {
   int64_t unit = 0, vectors = 0;
   int16_t element[256] = {};
@@ -28,7 +28,7 @@ const LaneOrder& lane_order(int64_t type);  // type: a file type or its packed t
 // Q8_0_LANES (136 bytes a unit of four blocks): the codes plus 128 as unsigned bytes, vector t's byte j holding
 // element[64 t + j]; the four fp16 scales. Q5_0_LANES (88 bytes): the low 4 bits of element[j] in the low nibble of
 // byte j and of element[64 + j] in its high; 8 bytes whose bit j is element[j]'s fifth bit, 8 for element[64 + j];
-// the four fp16 scales.
+// the four fp16 scales. Q4_0_LANES (72 bytes): the 4-bit codes as Q5_0_LANES's low bits; the four fp16 scales.
 inline bool is_packed(int64_t type) { return type > 256; }
 inline bool is_tiled(int64_t type) { return type > 512; }
 inline int64_t file_type(int64_t type) { return type % 256; }

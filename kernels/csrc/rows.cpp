@@ -1,5 +1,5 @@
 // The torch ops specchat::gguf_rows: rows of a GGUF tensor's blocks, dequantized to float32 (an embedding lookup: only
-// the rows asked are decoded); and specchat::gguf_quantize: dense float32 weights into Q8_0 blocks. Plain scalar code; each value is computed as the format's reference dequantization
+// the rows asked are decoded); and specchat::gguf_quantize: dense float32 weights into Q8_0 or Q4_0 blocks. Plain scalar code; each value is computed as the format's reference dequantization
 // computes it (gguf-py's quants.dequantize, ggml's dequantize_row_*), in float32 with the same operations in order.
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
@@ -76,6 +76,17 @@ void q5_0(const uint8_t* block, float* y) {
   }
 }
 
+// Q4_0: fp16 d, 16 bytes of 4-bit codes (value j < 16 in the low nibble of byte j, value j >= 16 in the high nibble
+// of byte j - 16); value = d * (code - 8).
+void q4_0(const uint8_t* block, float* y) {
+  const float d = half(block);
+  const uint8_t* low = block + 2;
+  for (int j = 0; j < 32; ++j) {
+    const int code = (j < 16 ? low[j] & 0x0F : low[j - 16] >> 4) - 8;
+    y[j] = d * static_cast<float>(code);
+  }
+}
+
 // Q8_0: fp16 d, 32 int8 codes; value = d * code.
 void q8_0(const uint8_t* block, float* y) {
   const float d = half(block);
@@ -87,6 +98,7 @@ void decode(int64_t type, const uint8_t* block, float* y) {
   switch (type) {
     case Q4_K: q4_k(block, y); break;
     case Q6_K: q6_k(block, y); break;
+    case Q4_0: q4_0(block, y); break;
     case Q5_0: q5_0(block, y); break;
     case Q8_0: q8_0(block, y); break;
   }
@@ -119,18 +131,23 @@ at::Tensor gguf_rows(const at::Tensor& blocks, const at::Tensor& ids, int64_t ty
   block_format(file, &file_format);
   const int64_t per_row = cols / file_format.weights;  // the file's blocks
   const int64_t tiled_rows = is_tiled(type) ? 16 : 1;  // a tiled row comes back with the 15 interleaved with it
-  std::vector<uint8_t> unpacked(is_packed(type) ? static_cast<size_t>(tiled_rows * per_row * file_format.bytes) : 0);
-  for (int64_t i = 0; i < count; ++i) {  // a lookup is a few rows: one thread
-    const uint8_t* row = data + id[i] * row_bytes;
-    if (is_tiled(type)) {  // the file's bytes back first
-      unpack_tiles(type, data + id[i] / 16 * 16 * row_bytes, unpacked.data(), 16, per_row);
-      row = unpacked.data() + id[i] % 16 * per_row * file_format.bytes;
-    } else if (is_packed(type)) {
-      unpack_blocks(type, row, unpacked.data(), cols / format.weights);
-      row = unpacked.data();
+  // a lookup is a few rows, one thread; every row of a tensor (its weights quantized again) takes them all
+  at::parallel_for(0, count, 256, [&](int64_t begin, int64_t end) {
+    std::vector<uint8_t> unpacked(is_packed(type) ? static_cast<size_t>(tiled_rows * per_row * file_format.bytes) : 0);
+    for (int64_t i = begin; i < end; ++i) {
+      const uint8_t* row = data + id[i] * row_bytes;
+      if (is_tiled(type)) {  // the file's bytes back first
+        unpack_tiles(type, data + id[i] / 16 * 16 * row_bytes, unpacked.data(), 16, per_row);
+        row = unpacked.data() + id[i] % 16 * per_row * file_format.bytes;
+      } else if (is_packed(type)) {
+        unpack_blocks(type, row, unpacked.data(), cols / format.weights);
+        row = unpacked.data();
+      }
+      for (int64_t b = 0; b < per_row; ++b) {
+        decode(file, row + b * file_format.bytes, y + i * cols + b * file_format.weights);
+      }
     }
-    for (int64_t b = 0; b < per_row; ++b) decode(file, row + b * file_format.bytes, y + i * cols + b * file_format.weights);
-  }
+  });
   return out;
 }
 
@@ -145,18 +162,38 @@ void quantize_q8_0(const float* x, uint8_t* block) {
   for (int j = 0; j < 32; ++j) block[2 + j] = static_cast<uint8_t>(static_cast<int8_t>(std::round(x[j] * inverse)));
 }
 
-// w: float32 (rows, cols), cols a multiple of 32; uint8 (rows, cols / 32 * 34).
+// Q4_0 as ggml's reference quantizer (and gguf-py's) makes it: per 32 values d = -m / 8 for the value m of largest
+// magnitude, codes min(15, trunc(x / d + 8.5)) through the float32 inverse, d stored as fp16.
+void quantize_q4_0(const float* x, uint8_t* block) {
+  float top = 0.0f, extreme = 0.0f;
+  for (int j = 0; j < 32; ++j) {
+    if (std::fabs(x[j]) > top) top = std::fabs(x[j]), extreme = x[j];
+  }
+  const float d = extreme / -8.0f, inverse = d != 0.0f ? 1.0f / d : 0.0f;
+  const uint16_t bits = c10::Half(d).x;
+  std::memcpy(block, &bits, 2);
+  const auto code = [&](float v) { return std::min(15, static_cast<int>(static_cast<int8_t>(v * inverse + 8.5f))); };
+  for (int j = 0; j < 16; ++j) block[2 + j] = static_cast<uint8_t>(code(x[j]) | code(x[16 + j]) << 4);
+}
+
+// w: float32 (rows, cols), cols a multiple of 32; uint8 (rows, cols / 32 * the type's block bytes).
 at::Tensor gguf_quantize(const at::Tensor& w, int64_t type) {
-  TORCH_CHECK(type == Q8_0, "specchat::gguf_quantize: only Q8_0 (type 8) is made here, not type ", type);
+  TORCH_CHECK(type == Q8_0 || type == Q4_0, "specchat::gguf_quantize: only Q8_0 (type 8) and Q4_0 (type 2) are made "
+              "here, not type ", type);
   TORCH_CHECK(w.device().is_cpu() && w.scalar_type() == at::kFloat && w.dim() == 2 && w.size(1) % 32 == 0,
               "specchat::gguf_quantize: w must be a 2-D float32 CPU tensor of whole blocks of 32 columns");
   const at::Tensor source = w.contiguous();
-  const int64_t rows = w.size(0), per_row = w.size(1) / 32;
-  at::Tensor blocks = at::empty({rows, per_row * 34}, w.options().dtype(at::kByte));
+  BlockFormat format;
+  block_format(type, &format);
+  const int64_t rows = w.size(0), per_row = w.size(1) / 32, bytes = format.bytes;
+  at::Tensor blocks = at::empty({rows, per_row * bytes}, w.options().dtype(at::kByte));
   const float* x = source.data_ptr<float>();
   uint8_t* out = blocks.data_ptr<uint8_t>();
   at::parallel_for(0, rows * per_row, 4096, [&](int64_t b0, int64_t b1) {
-    for (int64_t b = b0; b < b1; ++b) quantize_q8_0(x + b * 32, out + b * 34);
+    for (int64_t b = b0; b < b1; ++b) {
+      if (type == Q8_0) quantize_q8_0(x + b * 32, out + b * bytes);
+      else quantize_q4_0(x + b * 32, out + b * bytes);
+    }
   });
   return blocks;
 }

@@ -195,6 +195,31 @@ def quantize_dense(model: nn.Module, block_type: str = "Q8_0") -> list[str]:
     return replaced
 
 
+def requantize(model: nn.Module, block_type: str = "Q4_0") -> list[str]:
+    """Replace, in place, each `BlockLinear` in a type of more bits a weight whose inputs are whole blocks of 32 by one
+    of its weights (as its blocks decode them) quantized again to `block_type`: fewer bytes a step for a model whose
+    weights never change the output (a drafter). An embedding keeps its blocks (a lookup reads few rows). One layer at
+    a time. The names replaced."""
+    replaced = []
+    for name, layer in list(model.named_modules()):
+        if (not isinstance(layer, BlockLinear) or _bits(layer.block_type) <= _bits(block_type)
+                or layer.in_features % 32):
+            continue
+        file_blocks = kernels.unpack(layer.blocks, layer.type_id)  # tiles unpacked once, not once a row
+        weights = kernels.rows(file_blocks, torch.arange(layer.out_features), layer.block_type, layer.in_features)
+        packed, type_id = kernels.pack(kernels.quantize(weights, block_type), block_type)
+        del weights
+        _swap(model, name, BlockLinear(packed, block_type, layer.in_features, layer.bias, type_id))
+        replaced.append(name)
+    return replaced
+
+
+def _bits(block_type: str) -> float:
+    """Bits a weight of `block_type` takes."""
+    _, weights, size = kernels.BLOCKS[block_type]
+    return 8 * size / weights
+
+
 def _swap(model: nn.Module, name: str, new: nn.Module) -> None:
     """Put `new` in place of the model's module `name`."""
     parent, _, child = name.rpartition(".")
