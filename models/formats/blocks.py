@@ -195,20 +195,24 @@ def quantize_dense(model: nn.Module, block_type: str = "Q8_0") -> list[str]:
     return replaced
 
 
-def requantize(model: nn.Module, block_type: str = "Q4_0") -> list[str]:
+def requantize(model: nn.Module, block_type: str = "Q4_0", rows_at_once: int = 8192) -> list[str]:
     """Replace, in place, each `BlockLinear` in a type of more bits a weight whose inputs are whole blocks of 32 by one
     of its weights (as its blocks decode them) quantized again to `block_type`: fewer bytes a step for a model whose
     weights never change the output (a drafter). An embedding keeps its blocks (a lookup reads few rows). One layer at
-    a time. The names replaced."""
+    a time, `rows_at_once` rows of it in float32 at a time (an output layer's whole table would be half a gigabyte).
+    The names replaced."""
     replaced = []
     for name, layer in list(model.named_modules()):
         if (not isinstance(layer, BlockLinear) or _bits(layer.block_type) <= _bits(block_type)
                 or layer.in_features % 32):
             continue
         file_blocks = kernels.unpack(layer.blocks, layer.type_id)  # tiles unpacked once, not once a row
-        weights = kernels.rows(file_blocks, torch.arange(layer.out_features), layer.block_type, layer.in_features)
-        packed, type_id = kernels.pack(kernels.quantize(weights, block_type), block_type)
-        del weights
+        chunks = []
+        for start in range(0, layer.out_features, rows_at_once):
+            rows = file_blocks[start:start + rows_at_once]
+            weights = kernels.rows(rows, torch.arange(len(rows)), layer.block_type, layer.in_features)
+            chunks.append(kernels.quantize(weights, block_type))
+        packed, type_id = kernels.pack(torch.cat(chunks), block_type)
         _swap(model, name, BlockLinear(packed, block_type, layer.in_features, layer.bias, type_id))
         replaced.append(name)
     return replaced
