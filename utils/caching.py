@@ -89,7 +89,8 @@ def crop(cache: DynamicCache, length: int) -> None:
     if surplus:
         cache.crop(-surplus)
         for layer in cache.layers:  # a compiled step's guards take a cropped view's strides for another graph
-            if isinstance(layer, GrowingLayer) and not layer.grows and layer.keys is not None:
+            if (isinstance(layer, GrowingLayer) and not layer.grows and layer.keys is not None
+                    and layer.values is not None):
                 layer.keys, layer.values = layer.keys.contiguous(), layer.values.contiguous()
 
 
