@@ -261,8 +261,8 @@ class CachedModel:
         A one-token forward of a small model on a CPU spends a large share of its time in Python and operator
         dispatch between the matrix products (docs/formats.md); the compiled graph fuses the small operators.
         Compiling takes tens of seconds: it runs on a scratch cache of its own, so it may run on another thread while
-        this model decodes, and `step_model` is set only once the graphs it needs (one token and several, the cache
-        grown by a forward and cropped) are built.
+        this model decodes, and `step_model` is set only once the graphs it needs (one token and several, after a
+        forward and after a crop) are built.
         Errors (no C++ compiler, an unsupported model) propagate and leave the model as it was. Returns the seconds it
         took. `workers`: inductor's parallel compile processes (None: its default).
         """
@@ -283,8 +283,6 @@ class CachedModel:
             scratch.crop(3)
             scratch.forward([0])
             scratch.forward([0, 0])  # torch specializes one row: several take a graph of their own
-            scratch.crop(4)
-            scratch.forward([0, 0])
         self.step_model = step
         return time.perf_counter() - started
 

@@ -201,9 +201,12 @@ void q8_0(const uint8_t* w, const Activations& a, int64_t row0, float* result) {
   for (int r = 0; r < R; ++r) result[r] = hsum(acc[r]);
 }
 
-// Q5_0: 32 weights, fp16 d, 32 high bits, 16 bytes of low 4 bits; weight = d * (code - 16).
-template <int R>
+// Q5_0: 32 weights, fp16 d, 32 high bits, 16 bytes of low 4 bits; weight = d * (code - 16). Q4_0 (kFifth false):
+// fp16 d and the 4-bit codes alone; weight = d * (code - 8).
+template <int R, bool kFifth>
 void q5_0(const uint8_t* w, const Activations& a, int64_t row0, float* result) {
+  constexpr int64_t bytes = kFifth ? 22 : 18;
+  constexpr int offset_per_value = kFifth ? 16 : 8;
   const int64_t blocks = a.k / 32;
   const __m256i ones = _mm256_set1_epi16(1);
   const __m128i nibble = _mm_set1_epi8(0x0F);
@@ -213,45 +216,21 @@ void q5_0(const uint8_t* w, const Activations& a, int64_t row0, float* result) {
   __m256 acc[R];
   for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
   for (int64_t b = 0; b < blocks; ++b) {
-    const uint8_t* block = w + b * 22;
-    prefetch(block, 22);
+    const uint8_t* block = w + b * bytes;
+    prefetch(block, bytes);
     const float d = half(block);
-    uint32_t high_bits;
-    std::memcpy(&high_bits, block + 2, 4);
-    const __m128i packed = _mm_loadu_si128(reinterpret_cast<const __m128i*>(block + 6));
-    const __m256i low = _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(packed, 4), nibble), _mm_and_si128(packed, nibble));
-    const __m256i spread_bits = _mm256_and_si256(_mm256_shuffle_epi8(_mm256_set1_epi32(static_cast<int>(high_bits)), spread), bit);
-    const __m256i codes = _mm256_or_si256(low, _mm256_and_si256(_mm256_cmpeq_epi8(spread_bits, bit), sixteen));
-    for (int r = 0; r < R; ++r) {
-      const int64_t row = row0 + r;
-      const int16_t* sums = a.s + row * (a.k / 16) + b * 2;
-      const int offset = 16 * (sums[0] + sums[1]);
-      __m256i dot = _mm256_madd_epi16(_mm256_maddubs_epi16(codes, load(a.q + row * a.k + b * 32)), ones);
-      dot = _mm256_sub_epi32(dot, _mm256_setr_epi32(offset, 0, 0, 0, 0, 0, 0, 0));
-      acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), _mm256_set1_ps(d * a.d[row * blocks + b]), acc[r]);
+    const __m128i packed = _mm_loadu_si128(reinterpret_cast<const __m128i*>(block + bytes - 16));
+    __m256i codes = _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(packed, 4), nibble), _mm_and_si128(packed, nibble));
+    if (kFifth) {
+      uint32_t high_bits;
+      std::memcpy(&high_bits, block + 2, 4);
+      const __m256i spread_bits = _mm256_and_si256(_mm256_shuffle_epi8(_mm256_set1_epi32(static_cast<int>(high_bits)), spread), bit);
+      codes = _mm256_or_si256(codes, _mm256_and_si256(_mm256_cmpeq_epi8(spread_bits, bit), sixteen));
     }
-  }
-  for (int r = 0; r < R; ++r) result[r] = hsum(acc[r]);
-}
-
-// Q4_0: 32 weights, fp16 d, 16 bytes of 4-bit codes (as Q5_0's low bits); weight = d * (code - 8).
-template <int R>
-void q4_0(const uint8_t* w, const Activations& a, int64_t row0, float* result) {
-  const int64_t blocks = a.k / 32;
-  const __m256i ones = _mm256_set1_epi16(1);
-  const __m128i nibble = _mm_set1_epi8(0x0F);
-  __m256 acc[R];
-  for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
-  for (int64_t b = 0; b < blocks; ++b) {
-    const uint8_t* block = w + b * 18;
-    prefetch(block, 18);
-    const float d = half(block);
-    const __m128i packed = _mm_loadu_si128(reinterpret_cast<const __m128i*>(block + 2));
-    const __m256i codes = _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(packed, 4), nibble), _mm_and_si128(packed, nibble));
     for (int r = 0; r < R; ++r) {
       const int64_t row = row0 + r;
       const int16_t* sums = a.s + row * (a.k / 16) + b * 2;
-      const int offset = 8 * (sums[0] + sums[1]);
+      const int offset = offset_per_value * (sums[0] + sums[1]);
       __m256i dot = _mm256_madd_epi16(_mm256_maddubs_epi16(codes, load(a.q + row * a.k + b * 32)), ones);
       dot = _mm256_sub_epi32(dot, _mm256_setr_epi32(offset, 0, 0, 0, 0, 0, 0, 0));
       acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), _mm256_set1_ps(d * a.d[row * blocks + b]), acc[r]);
@@ -263,11 +242,11 @@ void q4_0(const uint8_t* w, const Activations& a, int64_t row0, float* result) {
 template <int R>
 void rows(int64_t type, const uint8_t* w, const Activations& a, int64_t row0, float* result) {
   switch (type) {
-    case Q4_0: q4_0<R>(w, a, row0, result); break;
+    case Q4_0: q5_0<R, false>(w, a, row0, result); break;
     case Q4_K: q4_k<R>(w, a, row0, result); break;
     case Q6_K: q6_k<R>(w, a, row0, result); break;
     case Q8_0: q8_0<R>(w, a, row0, result); break;
-    case Q5_0: q5_0<R>(w, a, row0, result); break;
+    case Q5_0: q5_0<R, true>(w, a, row0, result); break;
   }
 }
 

@@ -1,7 +1,8 @@
 // AVX-512 (F, BW, DQ, VL) + VNNI kernels. The weights of a unit (256 for the K-quants, four blocks = 128 for Q4_0,
-// Q5_0 and Q8_0) come as 64-byte vectors whose int32 lanes each belong to one scale group (packed so at load, lanes.h), and
-// the activations are stored in the matching order when they are rounded: `vpdpbusd` then sums a lane's products over
-// the whole unit in int32, and a row pays one conversion and two float steps per unit instead of one per group.
+// Q5_0 and Q8_0) come as 64-byte vectors whose int32 lanes each belong to one scale group (packed so at load,
+// lanes.h), and the activations are stored in the matching order when they are rounded: `vpdpbusd` then sums a
+// lane's products over the whole unit in int32, and a row pays one conversion and two float steps per unit instead
+// of one per group.
 // Every row runs the same instructions in the same order whatever the number of rows and the thread: a row's result
 // has the same bits in a verify as in a one-token step.
 #include <immintrin.h>

@@ -62,29 +62,25 @@ void q6_k(const uint8_t* block, float* y) {
   }
 }
 
-// Q5_0: fp16 d, 32 high bits (value j's is bit j), 16 bytes of low 4 bits (value j < 16 in the low nibble of byte j,
-// value j >= 16 in the high nibble of byte j - 16); value = d * (code - 16).
+// The 4-bit part of value j of a block's 16 code bytes: j < 16 in the low nibble of byte j, else the high of j - 16.
+inline int low_bits(const uint8_t* low, int j) { return j < 16 ? low[j] & 0x0F : low[j - 16] >> 4; }
+
+// Q5_0: fp16 d, 32 high bits (value j's is bit j), 16 bytes of low 4 bits; value = d * (code - 16).
+
 void q5_0(const uint8_t* block, float* y) {
   const float d = half(block);
   uint32_t high_bits;
   std::memcpy(&high_bits, block + 2, 4);
-  const uint8_t* low = block + 6;
   for (int j = 0; j < 32; ++j) {
-    const int low_bits = j < 16 ? low[j] & 0x0F : low[j - 16] >> 4;
-    const int code = (low_bits | static_cast<int>(((high_bits >> j) & 1) << 4)) - 16;
+    const int code = (low_bits(block + 6, j) | static_cast<int>(((high_bits >> j) & 1) << 4)) - 16;
     y[j] = d * static_cast<float>(code);
   }
 }
 
-// Q4_0: fp16 d, 16 bytes of 4-bit codes (value j < 16 in the low nibble of byte j, value j >= 16 in the high nibble
-// of byte j - 16); value = d * (code - 8).
+// Q4_0: fp16 d, 16 bytes of 4-bit codes (as Q5_0's low bits); value = d * (code - 8).
 void q4_0(const uint8_t* block, float* y) {
   const float d = half(block);
-  const uint8_t* low = block + 2;
-  for (int j = 0; j < 32; ++j) {
-    const int code = (j < 16 ? low[j] & 0x0F : low[j - 16] >> 4) - 8;
-    y[j] = d * static_cast<float>(code);
-  }
+  for (int j = 0; j < 32; ++j) y[j] = d * static_cast<float>(low_bits(block + 2, j) - 8);
 }
 
 // Q8_0: fp16 d, 32 int8 codes; value = d * code.
