@@ -36,8 +36,8 @@ def _loaded(cache_dir: Path | None = None) -> str | None:
 
 
 # The layouts the AVX-512 and AMX kernels read (csrc/lanes.h): (weights, bytes) per unit of a row, by type id
-PACKED = {258: (128, 72), 262: (128, 88), 264: (128, 136), 268: (256, 148), 270: (256, 210), 524: (256, 148),
-          526: (256, 210)}
+PACKED = {258: (128, 72), 262: (128, 88), 264: (128, 136), 268: (256, 148), 270: (256, 210), 514: (128, 72),
+          524: (256, 148), 526: (256, 210)}
 
 
 def _fake_mm(x: Tensor, w: Tensor, ggml_type: int, out_features: int, bias: Tensor | None = None) -> Tensor:

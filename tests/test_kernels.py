@@ -103,7 +103,8 @@ def test_packing_keeps_every_bit_and_lookups_read_the_packed_rows(isa, block_typ
     packed, type_id = kernels.pack(raw, block_type)
     # the AVX-512 kernels (and the AMX ones, for what they leave to them) read every type packed
     repacks = isa in ("avx512-vnni", "amx-int8") and in_features % 128 == 0
-    tiled = isa == "amx-int8" and block_type in ("Q4_K", "Q6_K") and out_features % 16 == 0
+    tiled = (isa == "amx-int8" and out_features % 16 == 0
+             and (block_type in ("Q4_K", "Q6_K") or block_type == "Q4_0" and in_features % 128 == 0))
     assert (type_id in kernels.PACKED) == repacks and (packed is raw) != repacks
     assert (type_id > 512) == tiled
     assert torch.equal(kernels.unpack(packed, type_id), raw)

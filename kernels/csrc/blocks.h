@@ -10,7 +10,7 @@ namespace specchat {
 enum BlockType : int64_t {
   Q4_0 = 2, Q5_0 = 6, Q8_0 = 8, Q4_K = 12, Q6_K = 14,
   Q4_0_LANES = 256 + Q4_0, Q5_0_LANES = 256 + Q5_0, Q8_0_LANES = 256 + Q8_0, Q4_K_LANES = 256 + Q4_K, Q6_K_LANES = 256 + Q6_K,
-  Q4_K_TILES = 512 + Q4_K, Q6_K_TILES = 512 + Q6_K
+  Q4_0_TILES = 512 + Q4_0, Q4_K_TILES = 512 + Q4_K, Q6_K_TILES = 512 + Q6_K
 };
 
 struct BlockFormat {
@@ -30,6 +30,7 @@ inline bool block_format(int64_t type, BlockFormat* format) {
     case Q8_0_LANES: *format = {128, 136}; return true;
     case Q4_K_LANES: *format = {256, 148}; return true;
     case Q6_K_LANES: *format = {256, 210}; return true;
+    case Q4_0_TILES: *format = {128, 72}; return true;  // per row: a unit is 16 rows' four blocks interleaved
     case Q4_K_TILES: *format = {256, 148}; return true;  // per row: a unit is 16 rows' blocks interleaved
     case Q6_K_TILES: *format = {256, 210}; return true;
     default: return false;

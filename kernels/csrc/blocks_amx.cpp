@@ -1,11 +1,11 @@
-// AMX-INT8 and AVX-512 VNNI kernels for Q4_K and Q6_K weights packed as tiles (lanes.h): 16 output columns at a time.
+// AMX-INT8 and AVX-512 VNNI kernels for Q4_K, Q6_K and Q4_0 weights packed as tiles (lanes.h): 16 output columns at a time.
 // The exact int32 dot products of the rows with the 16 columns, one vector of 16 per row and scale group, come from
 // one tile multiply per group for a full tile of 16 rows, else from VNNI (each tile row of codes times the row's four
 // activations, broadcast); the float steps then run on vectors of the 16 columns. A unit's codes are decoded once per
 // call whatever the number of rows.
 // The int32 sums are exact whichever instructions make them, and each output value then takes the same float steps
 // in the same order whatever the number of rows and the thread: a row's result has the same bits in a verify as in a
-// one-token step. Q5_0 and Q8_0 go to the AVX-512 kernels.
+// one-token step. Q5_0 and Q8_0 (and Q4_0 rows that are not whole units of 128) go to the AVX-512 kernels.
 #include <cpuid.h>
 #include <immintrin.h>
 #include <sys/syscall.h>
@@ -87,13 +87,16 @@ struct RowTerms {
   const int8_t* x;       // (rows, k) int8
   const float* scale;    // (rows, k / 32): the activations' scales
   const float* sums;     // (rows, k / 32): Q4_K: the sums of each group's int8 values
-  const int32_t* offset; // (rows, k / 16): Q6_K: 32 times the sums of each 16 int8 values (the codes' offset)
+  const int32_t* offset; // the codes' offset: Q6_K (rows, k / 16), 32 times the sums of each 16 int8 values;
+                         // Q4_0 (rows, k / 32), 8 times the sums of each 32
   int64_t k, rows;
 };
 
-inline void decode_q4_k(const uint8_t* unit, uint8_t* codes) {
+// Q4_K_TILES (four pairs of groups) and Q4_0_TILES (two): each pair's nibbles a byte each, group 2p then 2p + 1.
+template <int kPairs>
+inline void decode_nibbles(const uint8_t* unit, uint8_t* codes) {
   const __m512i nibble = _mm512_set1_epi8(0x0F);
-  for (int p = 0; p < 4; ++p) {
+  for (int p = 0; p < kPairs; ++p) {
     for (int r = 0; r < 8; ++r) {
       const __m512i both = load(unit + 512 * p + 64 * r);
       store(codes + 1024 * p + 64 * r, _mm512_and_si512(both, nibble));
@@ -163,12 +166,27 @@ struct Q6Scales {
   }
 };
 
+// Q4_0_TILES: weight = d * (code - 8), blocks of 32. A row's float step for block g: the int32 sum less 8 times the
+// int8 values' sum there (exact), times d and the activations' scale, accumulated.
+struct Q40Scales {
+  __m512 d[4];
+  explicit Q40Scales(const uint8_t* unit) {
+    for (int g = 0; g < 4; ++g) d[g] = halves(unit + 1024 + 32 * g);
+  }
+  __m512 step(__m512 total, __m512i dot, int g, const RowTerms& t, int64_t m, int64_t u) const {
+    const int64_t at = m * (t.k / 32) + u * 4 + g;
+    const __m512i exact = _mm512_sub_epi32(dot, _mm512_set1_epi32(t.offset[at]));
+    return _mm512_fmadd_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(exact), d[g]), _mm512_set1_ps(t.scale[at]), total);
+  }
+};
+
 // A unit for every row with VNNI, the codes decoded in registers and each group's sums taken to the float step at once.
-inline void vnni_q4_k(const uint8_t* unit, int64_t u, const RowTerms& t, float* acc) {
-  const Q4Scales scales(unit);
+template <class Scales, int kPairs>
+inline void vnni_nibbles(const uint8_t* unit, int64_t u, const RowTerms& t, float* acc) {
+  const Scales scales(unit);
   const __m512i nibble = _mm512_set1_epi8(0x0F);
-  const int8_t* x = t.x + u * 256;
-  for (int p = 0; p < 4; ++p) {
+  const int8_t* x = t.x + u * 64 * kPairs;
+  for (int p = 0; p < kPairs; ++p) {
     __m512i low[8], high[8];
     for (int r = 0; r < 8; ++r) {
       const __m512i both = load(unit + 512 * p + 64 * r);
@@ -203,11 +221,12 @@ inline void vnni_q6_k(const uint8_t* unit, int64_t u, const RowTerms& t, float* 
 }
 
 // A unit for every row from the tile multiplies' sums (sums + 256 g + 16 m: group g, row m), in the same order.
-inline void floats_q4_k(const uint8_t* unit, int64_t u, const RowTerms& t, const int32_t* sums, float* acc) {
-  const Q4Scales scales(unit);
+template <class Scales, int kGroups>
+inline void floats_groups(const uint8_t* unit, int64_t u, const RowTerms& t, const int32_t* sums, float* acc) {
+  const Scales scales(unit);
   for (int64_t m = 0; m < t.rows; ++m) {
     __m512 total = _mm512_load_ps(acc + 16 * m);
-    for (int g = 0; g < 8; ++g) total = scales.step(total, _mm512_load_si512(sums + 256 * g + 16 * m), g, t, m, u);
+    for (int g = 0; g < kGroups; ++g) total = scales.step(total, _mm512_load_si512(sums + 256 * g + 16 * m), g, t, m, u);
     _mm512_store_ps(acc + 16 * m, total);
   }
 }
@@ -225,23 +244,31 @@ inline void floats_q6_k(const uint8_t* unit, int64_t u, const RowTerms& t, const
 
 // One column tile's sums over all units. With tiles, the next unit's codes are decoded while this unit's multiplies
 // run, and its float steps come after: a tile load never waits on the stores just made.
-template <bool kSix, bool kTiles>
+template <int64_t kType, bool kTiles>
 void columns(const uint8_t* w, const RowTerms& t, float* acc) {
-  constexpr int64_t bytes = kSix ? 3360 : 2368, groups = kSix ? 16 : 8;
+  constexpr bool six = kType == Q6_K_TILES, q4_0 = kType == Q4_0_TILES;
+  constexpr int64_t bytes = six ? 3360 : q4_0 ? 1152 : 2368, groups = six ? 16 : q4_0 ? 4 : 8;
+  constexpr int64_t values = q4_0 ? 128 : 256;  // a unit's, per row
   alignas(64) uint8_t codes[2][4096];
   alignas(64) int32_t sums[groups * 256];
-  const int64_t units = t.k / 256;
-  if (kTiles) kSix ? decode_q6_k(w, codes[0]) : decode_q4_k(w, codes[0]);
+  const auto decode = [](const uint8_t* unit, uint8_t* out) {
+    if constexpr (six) decode_q6_k(unit, out);
+    else decode_nibbles<groups / 2>(unit, out);
+  };
+  const int64_t units = t.k / values;
+  if (kTiles) decode(w, codes[0]);
   for (int64_t u = 0; u < units; ++u) {
     const uint8_t* unit = w + u * bytes;
-    const int8_t* x = t.x + u * 256;
     if (kTiles) {
-      if (kSix) multiply<16>(x, t.k, codes[u % 2], 16, sums);
-      else multiply<32>(x, t.k, codes[u % 2], 8, sums);
-      if (u + 1 < units) kSix ? decode_q6_k(unit + bytes, codes[(u + 1) % 2]) : decode_q4_k(unit + bytes, codes[(u + 1) % 2]);
-      kSix ? floats_q6_k(unit, u, t, sums, acc) : floats_q4_k(unit, u, t, sums, acc);
+      multiply<six ? 16 : 32>(t.x + u * values, t.k, codes[u % 2], groups, sums);
+      if (u + 1 < units) decode(unit + bytes, codes[(u + 1) % 2]);
+      if constexpr (six) floats_q6_k(unit, u, t, sums, acc);
+      else if constexpr (q4_0) floats_groups<Q40Scales, 4>(unit, u, t, sums, acc);
+      else floats_groups<Q4Scales, 8>(unit, u, t, sums, acc);
     } else {
-      kSix ? vnni_q6_k(unit, u, t, acc) : vnni_q4_k(unit, u, t, acc);
+      if constexpr (six) vnni_q6_k(unit, u, t, acc);
+      else if constexpr (q4_0) vnni_nibbles<Q40Scales, 2>(unit, u, t, acc);
+      else vnni_nibbles<Q4Scales, 4>(unit, u, t, acc);
     }
   }
 }
@@ -256,23 +283,26 @@ constexpr int64_t kTileRows = 16;
 
 void matmul(int64_t type, const uint8_t* w, int64_t row_bytes, const Activations& a, int64_t row0, int64_t count,
             const float* bias, float* out, int64_t n_out, int64_t n0, int64_t n1) {
-  const bool six = type == Q6_K_TILES, tiles = count == kTileRows;
+  const bool six = type == Q6_K_TILES, q4_k = type == Q4_K_TILES, tiles = count == kTileRows;
   const int64_t groups = a.k / 32;
-  std::vector<float> sums(static_cast<size_t>(six ? 0 : count * groups));
-  std::vector<int32_t> offsets(static_cast<size_t>(six ? count * 2 * groups : 0));
+  std::vector<float> sums(static_cast<size_t>(q4_k ? count * groups : 0));
+  std::vector<int32_t> offsets(static_cast<size_t>(q4_k ? 0 : six ? count * 2 * groups : count * groups));
   for (int64_t m = 0; m < count; ++m) {
     const int16_t* s = a.s + (row0 + m) * 2 * groups;
-    for (int64_t g = 0; g < groups && !six; ++g) sums[m * groups + g] = static_cast<float>(s[2 * g] + s[2 * g + 1]);
+    for (int64_t g = 0; g < groups && q4_k; ++g) sums[m * groups + g] = static_cast<float>(s[2 * g] + s[2 * g + 1]);
     for (int64_t j = 0; j < 2 * groups && six; ++j) offsets[m * 2 * groups + j] = 32 * s[j];
+    for (int64_t g = 0; g < groups && !q4_k && !six; ++g) offsets[m * groups + g] = 8 * (s[2 * g] + s[2 * g + 1]);
   }
   const RowTerms terms{a.q + row0 * a.k, a.d + row0 * groups, sums.data(), offsets.data(), a.k, count};
   if (tiles) configure(count, six ? 16 : 32);
   alignas(64) float acc[16 * 16];
+  const auto run = six ? (tiles ? columns<Q6_K_TILES, true> : columns<Q6_K_TILES, false>)
+                   : q4_k ? (tiles ? columns<Q4_K_TILES, true> : columns<Q4_K_TILES, false>)
+                   : (tiles ? columns<Q4_0_TILES, true> : columns<Q4_0_TILES, false>);
   for (int64_t n = n0; n < n1; n += 16) {
     std::memset(acc, 0, sizeof acc);
     const uint8_t* weights = w + n * row_bytes;  // 16 weight rows, interleaved
-    if (six) tiles ? columns<true, true>(weights, terms, acc) : columns<true, false>(weights, terms, acc);
-    else tiles ? columns<false, true>(weights, terms, acc) : columns<false, false>(weights, terms, acc);
+    run(weights, terms, acc);
     const __m512 add = bias ? _mm512_loadu_ps(bias + n) : _mm512_setzero_ps();
     for (int64_t m = 0; m < count; ++m)
       _mm512_storeu_ps(out + (row0 + m) * n_out + n, _mm512_add_ps(_mm512_load_ps(acc + 16 * m), add));
@@ -283,7 +313,8 @@ void matmul(int64_t type, const uint8_t* w, int64_t row_bytes, const Activations
 bool takes(int64_t type, int64_t) { return is_tiled(type); }
 
 int64_t layout(int64_t type, int64_t k, int64_t n) {
-  return (type == Q4_K || type == Q6_K) && n % 16 == 0 ? tiled_type(type) : avx512::kernels.layout(type, k, n);
+  const bool tiled = type == Q4_K || type == Q6_K || (type == Q4_0 && k % 128 == 0);
+  return tiled && n % 16 == 0 ? tiled_type(type) : avx512::kernels.layout(type, k, n);
 }
 
 }  // namespace

@@ -224,6 +224,16 @@ void tile_unit(int64_t type, uint8_t* file, int64_t stride, uint8_t* tiled, bool
   };
   for (int n = 0; n < 16; ++n) {
     uint8_t* block = file + n * stride;
+    if (type == Q4_0) {  // four blocks: their codes as Q4_K's groups 0..3, then their d
+      for (int e = 0; e < 128; ++e) {
+        const int g = e / 32, i = e % 32;
+        const int at = 512 * (g / 2) + 64 * (i / 4) + 4 * n + i % 4, shift = 4 * (g % 2);
+        if (pack) tiled[at] |= static_cast<uint8_t>(small_code(block, Q4_0, e) << shift);
+        else set_small_code(block, Q4_0, e, (tiled[at] >> shift) & 0x0F);
+      }
+      for (int g = 0; g < 4; ++g) move(block + 18 * g, tiled + 1024 + 32 * g + 2 * n, 2);
+      continue;
+    }
     if (type == Q4_K) {
       for (int g = 0; g < 8; ++g) {
         for (int i = 0; i < 32; ++i) {
@@ -261,7 +271,8 @@ void tile_unit(int64_t type, uint8_t* file, int64_t stride, uint8_t* tiled, bool
 }
 
 void tiles(int64_t type, uint8_t* file, uint8_t* tiled, int64_t rows, int64_t units, bool pack) {
-  const int64_t block = type == Q4_K ? 144 : 210, unit = 16 * block + (type == Q4_K ? 64 : 0);
+  // a row's bytes per unit (Q4_0: four blocks), and a unit's (Q4_K_TILES: four bytes more a row)
+  const int64_t block = type == Q4_0 ? 72 : type == Q4_K ? 144 : 210, unit = 16 * block + (type == Q4_K ? 64 : 0);
   const int64_t row_bytes = units * block, tiled_row_bytes = units * unit / 16;
   for (int64_t row = 0; row < rows; row += 16) {
     for (int64_t u = 0; u < units; ++u) {

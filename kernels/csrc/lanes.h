@@ -44,7 +44,8 @@ void unpack_blocks(int64_t packed_type, const uint8_t* in, uint8_t* out, int64_t
 // Q6_K_TILES (3360 bytes): the 64 tile rows (sub-block j's 16 values are rows 4 j..4 j + 3), low 4 bits: byte i < 2048
 // holds row i / 64's in its low nibble and row i / 64 + 32's in its high; then 1024 bytes whose byte i holds the high
 // 2 bits of rows i / 64, + 16, + 32, + 48 at bits 0, 2, 4, 6; the int8 scales, 16 bytes a sub-block; 16 fp16 d.
-// Both take `rows` (a multiple of 16) rows of `units` blocks, row after row, and give them in the other layout.
+// Q4_0_TILES (1152 bytes a unit of four blocks): the codes as Q4_K_TILES's groups 0..3 (1024 bytes); 16 fp16 d a block.
+// Each takes `rows` (a multiple of 16) rows of `units` units, row after row, and gives them in the other layout.
 void pack_tiles(int64_t file_type, const uint8_t* in, uint8_t* out, int64_t rows, int64_t units);
 void unpack_tiles(int64_t tiled_type, const uint8_t* in, uint8_t* out, int64_t rows, int64_t units);
 

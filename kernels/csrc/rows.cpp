@@ -133,7 +133,7 @@ at::Tensor gguf_rows(const at::Tensor& blocks, const at::Tensor& ids, int64_t ty
     for (int64_t i = begin; i < end; ++i) {
       const uint8_t* row = data + id[i] * row_bytes;
       if (is_tiled(type)) {  // the file's bytes back first
-        unpack_tiles(type, data + id[i] / 16 * 16 * row_bytes, unpacked.data(), 16, per_row);
+        unpack_tiles(type, data + id[i] / 16 * 16 * row_bytes, unpacked.data(), 16, cols / format.weights);
         row = unpacked.data() + id[i] % 16 * per_row * file_format.bytes;
       } else if (is_packed(type)) {
         unpack_blocks(type, row, unpacked.data(), cols / format.weights);
