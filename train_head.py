@@ -75,6 +75,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--draft-vocab", type=int, default=16384, help="tokens the head drafts from (0: all)")
     p.add_argument("--intermediate", type=int, default=1024, help="eagle: its MLP's width")
     p.add_argument("--heads", type=int, default=3, help="medusa: its heads")
+    p.add_argument("--draft-depth", type=int, default=1,
+                   help="eagle: train on the head's own drafts this deep (EAGLE-3's training-time test: pass d reads "
+                        "the feature pass d - 1 predicted); 1: on the target's features only")
     p.add_argument("--answers-only", action="store_true",
                    help="train on the answers' positions only (default: the prompts' too: the target's features "
                         "and predictions there are its own as well)")
@@ -98,11 +101,14 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         p.error("--kind is required (eagle or medusa)")
     if not args.prompts:
         p.error("--prompts needs at least one JSONL file")
-    for name in ("max_new_tokens", "batch", "epochs", "heads", "intermediate", "eval_depth", "eval_tree"):
+    for name in ("max_new_tokens", "batch", "epochs", "heads", "intermediate", "eval_depth", "eval_tree",
+                 "draft_depth"):
         if getattr(args, name) < 1:
             p.error(f"--{name.replace('_', '-')} must be >= 1")
     if not 0 < args.data_share < 1 or not 0 <= args.held_out < 1 or args.time_budget <= 0 or args.lr <= 0:
         p.error("--data-share in (0, 1), --held-out in [0, 1), --time-budget and --lr > 0")
+    if args.draft_depth > 1 and args.kind != "eagle":
+        p.error("--draft-depth trains an eagle head on its own drafts: a medusa head drafts from the target's only")
     if args.draft_vocab < 0:
         p.error("--draft-vocab must be >= 0")
     return args
@@ -231,7 +237,8 @@ def run(args, prompts: list[str], budget: Budget, argv: list[str] | None) -> int
             "answers": len(data), "held_out_answers": held,
             "answer_tokens": tokens, "draft_vocab": None if vocab is None else len(vocab),
             "data_seconds": round(data_seconds), "train_seconds": round(stats["seconds"]), "epochs": stats["epoch"],
-            "steps": stats["step"], "stopped_by": stats["stopped_by"], "held_out": evaluation,
+            "steps": stats["step"], "stopped_by": stats["stopped_by"], "draft_depth": args.draft_depth,
+            "held_out": evaluation,
             "parameters": sum(p.numel() for p in module.parameters()), "config": asdict(config),
             "command": "python train_head.py " + " ".join(sys.argv[1:] if argv is None else argv)}
     save_head_atomically(out, config, module, vocab, info)

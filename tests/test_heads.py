@@ -21,6 +21,7 @@ from sampling.verify import accept_tree_typical
 from tests.distribution import FALSE_ALARM, chi_square_test, exact_sequence_distribution
 from tests.helpers import random_head, save_tiny_checkpoint, tiny_model
 from training.held_out import StoredFeatures
+from training.learning import draft_mask, losses
 from utils.caching import CachedModel
 from utils.logits_processor import GreedyProcessor, MultinomialProcessor, TopKNucleusProcessor
 
@@ -145,6 +146,65 @@ def test_training_reports_held_out_tokens_per_step_and_beats_an_untrained_head(t
         assert info["command"].startswith("python train_head.py --target")
     # the medusa run reused the eagle run's answers: none made again
     assert not (trained[1]["medusa"] / "data").exists()
+
+
+@pytest.mark.parametrize("depth", [2, 3])
+def test_a_training_pass_reads_its_drafts_as_the_drafter_does_at_that_depth(target64, depth):
+    """Pass d of the training-time test at position i: the head's output when it drafts d deep from the real
+    position i - d + 1, one depth at a time over its cache, as EagleDrafter feeds it."""
+    from sampling.heads import HeadCache
+
+    head = random_head(target64, "eagle")
+    length, width = 12, target64.config.hidden_size
+    generator = torch.Generator().manual_seed(3)
+    feats = torch.randn(length, width, generator=generator, dtype=torch.float64)
+    embeds = torch.randn(length, width, generator=generator, dtype=torch.float64)
+    positions, cache, inputs = torch.arange(length), HeadCache(), feats
+    with torch.no_grad():
+        for d in range(1, depth + 1):
+            out = head.module(inputs[None], embeds[None], positions, draft_mask(length, d), cache)[0]
+            inputs = torch.cat([feats[:1], out[:-1]])
+        for i in range(depth - 1, length):
+            real = i - depth + 2  # positions 0 .. real - 1 carry the target's features
+            steps = HeadCache()
+            step = head.module(feats[None, :real], embeds[None, :real], positions[:real],
+                               torch.ones(real, real, dtype=torch.bool).tril(), steps)[0, -1]
+            for d in range(2, depth + 1):
+                at = real - 2 + d
+                step = head.module(step[None, None], embeds[None, at : at + 1], positions[at : at + 1],
+                                   torch.ones(1, len(steps) + 1, dtype=torch.bool), steps)[0, 0]
+            torch.testing.assert_close(out[i], step, rtol=1e-9, atol=1e-9)
+
+
+def test_deeper_training_passes_add_to_the_loss_and_report_the_first():
+    model = tiny_model(dtype=torch.float32)
+    head = random_head(model, "eagle")
+    ids = torch.tensor([5, 9, 14, 3, 22, 8, 40, 7, 11])
+    row = {"ids": ids, "features": torch.randn(len(ids) - 1, model.config.hidden_size), "start": 4}
+    one = losses(head, head.module, row, 0.0, torch.Generator().manual_seed(0), depth=1)
+    three = losses(head, head.module, row, 0.0, torch.Generator().manual_seed(0), depth=3)
+    assert three[0] > one[0]  # the deeper passes' losses are added
+    torch.testing.assert_close(three[1:], one[1:])  # the first pass's cross-entropy and agreement are reported
+
+
+def test_an_eagle_head_trains_on_its_own_drafts(trained, tmp_path):
+    target, heads = trained
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text(json.dumps({"turns": ["question 0: the fox and the dog"]}))
+    argv = ["--target", str(target), "--kind", "eagle", "--out", str(tmp_path / "h"), "--prompts", str(prompts),
+            "--data", str(heads["eagle"] / "data"), "--time-budget", "2", "--epochs", "10", "--intermediate", "64",
+            "--lr", "3e-3", "--draft-depth", "3", "--no-progress"]
+    assert train_head.main(argv) == 0
+    info = json.loads((tmp_path / "h" / "head.json").read_text())["training"]
+    assert info["draft_depth"] == 3 and info["answers"] == 16  # the answers reused: none made again
+    assert info["held_out"]["chain_tokens_per_step"] > 1.5  # as the fixture's head trained on features alone
+
+
+def test_draft_depth_is_for_eagle_heads(tmp_path, capsys):
+    with pytest.raises(SystemExit):
+        train_head.parse_args(["--target", "x", "--kind", "medusa", "--out", str(tmp_path), "--prompts", "p.jsonl",
+                               "--draft-depth", "2"])
+    assert "--draft-depth trains an eagle head on its own drafts" in capsys.readouterr().err
 
 
 def test_training_resumes_from_its_answers_and_checkpoint(trained, tmp_path):

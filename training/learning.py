@@ -29,12 +29,26 @@ def draft_vocabulary(data: list[dict], vocab_size: int, size: int):
     return torch.tensor(sorted(seen + fill))
 
 
-def losses(head, module, row: dict, noise: float, generator, prompt: bool = True):
+def draft_mask(length: int, depth: int):
+    """Which keys pass `depth` of a training-time test sees, over the keys of passes 1..depth side by side: its
+    position i sees pass 1's keys up to i - depth + 1 (the target's real features) and pass p's key at
+    i - depth + p (the chain the head drafted from there, itself last), as drafting depth `depth` sees its cache."""
+    import torch
+
+    i, j = torch.arange(length)[:, None], torch.arange(length)[None]
+    return torch.cat([j <= i - depth + 1, *(j == i - depth + p for p in range(2, depth + 1))], 1)
+
+
+def losses(head, module, row: dict, noise: float, generator, prompt: bool = True, depth: int = 1):
     """The head's loss on one sequence: soft-label cross-entropy (and EAGLE's feature distance); its top-1
     agreement with the target. `prompt`: the prompt's positions count too (the target's own features and
-    predictions there as well), else the answer's only."""
+    predictions there as well), else the answer's only. `depth` (EAGLE): passes of a training-time test, pass d
+    reading at each position the feature pass d - 1 predicted there, as drafting depth d does (EAGLE-3); each
+    further pass weighs 0.8 of the one before."""
     import torch
     import torch.nn.functional as F
+
+    from sampling.heads import HeadCache
 
     feats = row["features"].float()  # (T - 1, H): position i's feature
     ids = row["ids"]
@@ -44,16 +58,25 @@ def losses(head, module, row: dict, noise: float, generator, prompt: bool = True
         x = feats[:-1]
         std = x.std(0, keepdim=True)
         x = x + (torch.rand(x.shape, generator=generator) - 0.5) * 2 * noise * std
-        embeds = head.embeds(ids[1:-1])
-        pred = module(x[None], embeds[None], torch.arange(len(x)))[0]
-        truth = feats[1:]
-        keep = slice(start, None)
-        target_logp = head.logits(truth[keep]).log_softmax(-1)
-        logp = head.logits(pred[keep]).log_softmax(-1)
-        ce = -(target_logp.exp() * logp).sum(-1).mean()
-        regression = F.smooth_l1_loss(pred[keep], truth[keep])
-        agree = (logp.argmax(-1) == target_logp.argmax(-1)).float().mean()
-        return regression + 0.1 * ce, ce, agree
+        embeds = head.embeds(ids[1:-1])[None]
+        truth, positions = feats[1:], torch.arange(len(x))
+        target_logp = head.logits(truth).log_softmax(-1)
+        cache = HeadCache() if depth > 1 else None
+        total, first = 0.0, None
+        inputs = x
+        for d in range(1, depth + 1):
+            mask = draft_mask(len(x), d) if cache is not None else None
+            pred = module(inputs[None], embeds, positions, mask, cache)[0]
+            inputs = torch.cat([x[:1], pred[:-1]])  # the next pass reads at i what this one predicted at i - 1
+            keep = slice(max(start, d - 1), None)  # a chain d deep starts at a real position
+            logp = head.logits(pred[keep]).log_softmax(-1)
+            ce = -(target_logp[keep].exp() * logp).sum(-1).mean()
+            regression = F.smooth_l1_loss(pred[keep], truth[keep])
+            total = total + 0.8 ** (d - 1) * (regression + 0.1 * ce)
+            if first is None:
+                first = ce, (logp.argmax(-1) == target_logp[keep].argmax(-1)).float().mean()
+        assert first is not None  # depth >= 1
+        return total, *first
     outs = module(feats[start:])  # head j at position i: the token at i + j + 2, i.e. the target's logits at i + j + 1
     total, agree = 0.0, []
     for j, out in enumerate(outs):
@@ -105,7 +128,8 @@ def train(head, module, train_rows: list[dict], args, budget: Budget, checkpoint
                 lr = args.lr * 0.5 * (1 + math.cos(math.pi * min(done, 1)))
                 for group in optimizer.param_groups:
                     group["lr"] = max(lr, args.lr * 0.05)
-                loss, ce, agree = losses(head, module, train_rows[i], 0.1, generator, not args.answers_only)
+                loss, ce, agree = losses(head, module, train_rows[i], 0.1, generator, not args.answers_only,
+                                         args.draft_depth)
                 ce, agree = ce.detach(), agree.detach()
                 optimizer.zero_grad(set_to_none=True)
                 loss.backward()
