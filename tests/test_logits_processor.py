@@ -51,6 +51,21 @@ def test_nucleus_keeps_smallest_set_reaching_top_p():
     assert NucleusProcessor(top_p=1.0).probs(LOGITS).tolist() == pytest.approx(softmax_of(LOGITS.tolist()), abs=1e-6)
 
 
+@pytest.mark.parametrize("top_p", [0.5, 0.9, 0.99])
+def test_nucleus_over_a_large_vocabulary_keeps_what_a_whole_sort_keeps(top_p):
+    """The nucleus is ranked over the likeliest tokens first (more while a row's nucleus reaches past them): the
+    same tokens as ranking the whole vocabulary, from rows whose nucleus is one token to rows of thousands."""
+    generator = torch.Generator().manual_seed(0)
+    logits = torch.randn(6, 5000, generator=generator, dtype=torch.float64) * torch.tensor([[12.0], [6], [3], [1],
+                                                                                          [0.3], [0.05]])
+    ordered, order = logits.sort(dim=-1, descending=True)
+    ranked = ordered.softmax(-1)
+    drop = ((ranked.cumsum(-1) - ranked) >= top_p).scatter(-1, order, (ranked.cumsum(-1) - ranked) >= top_p)
+    kept = NucleusProcessor(top_p=top_p)(logits) > float("-inf")
+    assert torch.equal(kept, ~drop)
+    assert kept.sum(-1)[0] < 64 < kept.sum(-1)[-1]  # some rows within the first ranked tokens, some far past them
+
+
 def test_top_k_then_top_p():
     probs = TopKNucleusProcessor(temperature=1.0, top_k=3, top_p=0.95).probs(LOGITS)
     # After top-3 renormalisation: 0.6652, 0.2447, 0.0900; the first two reach 0.9099 < 0.95, so all three stay.
