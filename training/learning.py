@@ -62,8 +62,7 @@ def losses(head, module, row: dict, noise: float, generator, prompt: bool = True
         truth, positions = feats[1:], torch.arange(len(x))
         target_logp = head.logits(truth).log_softmax(-1)
         cache = HeadCache() if depth > 1 else None
-        total, first = 0.0, None
-        inputs = x
+        total, inputs = 0.0, x
         for d in range(1, depth + 1):
             mask = draft_mask(len(x), d) if cache is not None else None
             pred = module(inputs[None], embeds, positions, mask, cache)[0]
@@ -73,10 +72,9 @@ def losses(head, module, row: dict, noise: float, generator, prompt: bool = True
             ce = -(target_logp[keep].exp() * logp).sum(-1).mean()
             regression = F.smooth_l1_loss(pred[keep], truth[keep])
             total = total + 0.8 ** (d - 1) * (regression + 0.1 * ce)
-            if first is None:
-                first = ce, (logp.argmax(-1) == target_logp[keep].argmax(-1)).float().mean()
-        assert first is not None  # depth >= 1
-        return total, *first
+            if d == 1:  # the first pass's figures are reported
+                ce_first, agree = ce, (logp.argmax(-1) == target_logp[keep].argmax(-1)).float().mean()
+        return total, ce_first, agree
     outs = module(feats[start:])  # head j at position i: the token at i + j + 2, i.e. the target's logits at i + j + 1
     total, agree = 0.0, []
     for j, out in enumerate(outs):

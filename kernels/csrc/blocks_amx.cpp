@@ -288,10 +288,16 @@ void matmul(int64_t type, const uint8_t* w, int64_t row_bytes, const Activations
   std::vector<float> sums(static_cast<size_t>(q4_k ? count * groups : 0));
   std::vector<int32_t> offsets(static_cast<size_t>(q4_k ? 0 : six ? count * 2 * groups : count * groups));
   for (int64_t m = 0; m < count; ++m) {
-    const int16_t* s = a.s + (row0 + m) * 2 * groups;
-    for (int64_t g = 0; g < groups && q4_k; ++g) sums[m * groups + g] = static_cast<float>(s[2 * g] + s[2 * g + 1]);
-    for (int64_t j = 0; j < 2 * groups && six; ++j) offsets[m * 2 * groups + j] = 32 * s[j];
-    for (int64_t g = 0; g < groups && !q4_k && !six; ++g) offsets[m * groups + g] = 8 * (s[2 * g] + s[2 * g + 1]);
+    const int16_t* s = a.s + (row0 + m) * 2 * groups;  // the sums of each 16 int8 values
+    if (six) {
+      for (int64_t j = 0; j < 2 * groups; ++j) offsets[m * 2 * groups + j] = 32 * s[j];
+    } else {
+      for (int64_t g = 0; g < groups; ++g) {
+        const int32_t group_sum = s[2 * g] + s[2 * g + 1];
+        if (q4_k) sums[m * groups + g] = static_cast<float>(group_sum);
+        else offsets[m * groups + g] = 8 * group_sum;  // Q4_0
+      }
+    }
   }
   const RowTerms terms{a.q + row0 * a.k, a.d + row0 * groups, sums.data(), offsets.data(), a.k, count};
   if (tiles) configure(count, six ? 16 : 32);
