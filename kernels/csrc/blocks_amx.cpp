@@ -1,7 +1,7 @@
 // AMX-INT8 and AVX-512 VNNI kernels for Q4_K, Q6_K and Q4_0 weights packed as tiles (lanes.h): 16 output columns at a time.
 // The exact int32 dot products of the rows with the 16 columns, one vector of 16 per row and scale group, come from
-// one tile multiply per group for a full tile of 16 rows, else from VNNI (each tile row of codes times the row's four
-// activations, broadcast); the float steps then run on vectors of the 16 columns. A unit's codes are decoded once per
+// one tile multiply per group for a full tile of 16 rows of Q4_K or Q4_0, else from VNNI (each tile row of codes times
+// the row's four activations, broadcast); the float steps then run on vectors of the 16 columns. A unit's codes are decoded once per
 // call whatever the number of rows.
 // The int32 sums are exact whichever instructions make them, and each output value then takes the same float steps
 // in the same order whatever the number of rows and the thread: a row's result has the same bits in a verify as in a
@@ -31,14 +31,16 @@ struct alignas(64) TileConfig {
   uint8_t rows[16] = {};
 };
 
-// Tiles 0-2 and 3-5: activations (rows x group bytes), weights (group / 4 rows x 64 bytes), int32 sums (rows x 16);
-// two sets, so that one group's multiply runs while the next group's tiles load.
-void configure(int64_t rows, int64_t group) {
+constexpr int64_t kGroup = 32;  // values a tile multiply takes: one scale group of Q4_K, one block of Q4_0
+
+// Tiles 0-2 and 3-5: activations (rows x 32 bytes), weights (8 rows x 64 bytes), int32 sums (rows x 16); two sets, so
+// that one group's multiply runs while the next group's tiles load.
+void configure(int64_t rows) {
   TileConfig config;
   for (int set = 0; set < 2; ++set) {
     config.rows[3 * set] = static_cast<uint8_t>(rows);
-    config.bytes[3 * set] = static_cast<uint16_t>(group);
-    config.rows[3 * set + 1] = static_cast<uint8_t>(group / 4);
+    config.bytes[3 * set] = static_cast<uint16_t>(kGroup);
+    config.rows[3 * set + 1] = static_cast<uint8_t>(kGroup / 4);
     config.bytes[3 * set + 1] = 64;
     config.rows[3 * set + 2] = static_cast<uint8_t>(rows);
     config.bytes[3 * set + 2] = 64;
@@ -51,9 +53,8 @@ inline __m512i load(const void* p) { return _mm512_loadu_si512(p); }
 inline void store(void* p, __m512i v) { _mm512_storeu_si512(p, v); }
 inline __m512 halves(const uint8_t* p) { return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))); }
 
-// The int32 sums of `groups` scale groups of `group` values, group t from activations `x` + t * group (stride k) and
-// weights `b` + t * group * 16 (as tiles: the group's values in fours, 16 columns each), into `sums` + t * 256.
-template <int kGroup>
+// The int32 sums of `groups` scale groups of 32 values, group t from activations `x` + 32 t (stride k) and weights
+// `b` + 512 t (as tiles: the group's values in fours, 16 columns each), into `sums` + 256 t.
 void multiply(const int8_t* x, int64_t k, const uint8_t* b, int groups, int32_t* sums) {
   for (int t = 0; t < groups; t += 2) {
     _tile_loadd(0, x + t * kGroup, k);
@@ -120,15 +121,6 @@ inline void decode_q6_k(const uint8_t* unit, int q, __m512i (&out)[4][4]) {
   }
 }
 
-inline void decode_q6_k(const uint8_t* unit, uint8_t* codes) {
-  for (int q = 0; q < 4; ++q) {
-    __m512i rows[4][4];
-    decode_q6_k(unit, q, rows);
-    for (int h = 0; h < 4; ++h)
-      for (int i = 0; i < 4; ++i) store(codes + 64 * (16 * h + 4 * q + i), rows[h][i]);
-  }
-}
-
 // Q4_K_TILES: weight = d * scale * code - dmin * min, groups of 32. A row's float step for group g: the float sum
 // (scale times the int32 sum, less the min times the int8 values' sum) times the activations' scale, accumulated.
 struct Q4Scales {
@@ -180,6 +172,10 @@ struct Q40Scales {
   }
 };
 
+// How far ahead of the codes a unit reads their lines are asked for (Q6_K: two units ahead): one unit ahead leaves
+// several rows' VNNI waiting on memory (docs/kernels.md).
+constexpr int64_t kAhead = 4096;
+
 // A unit for every row with VNNI, the codes decoded in registers and each group's sums taken to the float step at once.
 template <class Scales, int kPairs>
 inline void vnni_nibbles(const uint8_t* unit, int64_t u, const RowTerms& t, float* acc) {
@@ -190,7 +186,7 @@ inline void vnni_nibbles(const uint8_t* unit, int64_t u, const RowTerms& t, floa
     __m512i low[8], high[8];
     for (int r = 0; r < 8; ++r) {
       const __m512i both = load(unit + 512 * p + 64 * r);
-      _mm_prefetch(reinterpret_cast<const char*>(unit + 512 * p + 64 * r + 2048), _MM_HINT_T0);
+      _mm_prefetch(reinterpret_cast<const char*>(unit + 512 * p + 64 * r + kAhead), _MM_HINT_T0);
       low[r] = _mm512_and_si512(both, nibble);
       high[r] = _mm512_and_si512(_mm512_srli_epi16(both, 4), nibble);
     }
@@ -210,7 +206,7 @@ inline void vnni_q6_k(const uint8_t* unit, int64_t u, const RowTerms& t, float* 
   for (int q = 0; q < 4; ++q) {
     __m512i rows[4][4];
     decode_q6_k(unit, q, rows);
-    for (int i = 0; i < 14; ++i) _mm_prefetch(reinterpret_cast<const char*>(unit + 3360 + 64 * (14 * q + i)), _MM_HINT_T0);
+    for (int i = 0; i < 14; ++i) _mm_prefetch(reinterpret_cast<const char*>(unit + 6720 + 64 * (14 * q + i)), _MM_HINT_T0);
     for (int64_t m = 0; m < t.rows; ++m) {
       __m512 total = _mm512_load_ps(acc + 16 * m);
       for (int h = 0; h < 4; ++h)
@@ -231,39 +227,24 @@ inline void floats_groups(const uint8_t* unit, int64_t u, const RowTerms& t, con
   }
 }
 
-inline void floats_q6_k(const uint8_t* unit, int64_t u, const RowTerms& t, const int32_t* sums, float* acc) {
-  const Q6Scales scales(unit);
-  for (int64_t m = 0; m < t.rows; ++m) {
-    __m512 total = _mm512_load_ps(acc + 16 * m);
-    for (int q = 0; q < 4; ++q)
-      for (int h = 0; h < 4; ++h)
-        total = scales.step(total, _mm512_load_si512(sums + 256 * (4 * h + q) + 16 * m), 4 * h + q, t, m, u);
-    _mm512_store_ps(acc + 16 * m, total);
-  }
-}
-
 // One column tile's sums over all units. With tiles, the next unit's codes are decoded while this unit's multiplies
 // run, and its float steps come after: a tile load never waits on the stores just made.
 template <int64_t kType, bool kTiles>
 void columns(const uint8_t* w, const RowTerms& t, float* acc) {
   constexpr bool six = kType == Q6_K_TILES, q4_0 = kType == Q4_0_TILES;
+  static_assert(!(six && kTiles), "Q6_K takes VNNI only");
   constexpr int64_t bytes = six ? 3360 : q4_0 ? 1152 : 2368, groups = six ? 16 : q4_0 ? 4 : 8;
   constexpr int64_t values = q4_0 ? 128 : 256;  // a unit's, per row
-  alignas(64) uint8_t codes[2][4096];
-  alignas(64) int32_t sums[groups * 256];
-  const auto decode = [](const uint8_t* unit, uint8_t* out) {
-    if constexpr (six) decode_q6_k(unit, out);
-    else decode_nibbles<groups / 2>(unit, out);
-  };
+  alignas(64) uint8_t codes[2][kTiles ? 4096 : 64];
+  alignas(64) int32_t sums[kTiles ? groups * 256 : 16];
   const int64_t units = t.k / values;
-  if (kTiles) decode(w, codes[0]);
+  if constexpr (kTiles) decode_nibbles<groups / 2>(w, codes[0]);
   for (int64_t u = 0; u < units; ++u) {
     const uint8_t* unit = w + u * bytes;
-    if (kTiles) {
-      multiply<six ? 16 : 32>(t.x + u * values, t.k, codes[u % 2], groups, sums);
-      if (u + 1 < units) decode(unit + bytes, codes[(u + 1) % 2]);
-      if constexpr (six) floats_q6_k(unit, u, t, sums, acc);
-      else if constexpr (q4_0) floats_groups<Q40Scales, 4>(unit, u, t, sums, acc);
+    if constexpr (kTiles) {
+      multiply(t.x + u * values, t.k, codes[u % 2], groups, sums);
+      if (u + 1 < units) decode_nibbles<groups / 2>(unit + bytes, codes[(u + 1) % 2]);
+      if constexpr (q4_0) floats_groups<Q40Scales, 4>(unit, u, t, sums, acc);
       else floats_groups<Q4Scales, 8>(unit, u, t, sums, acc);
     } else {
       if constexpr (six) vnni_q6_k(unit, u, t, acc);
@@ -277,13 +258,14 @@ void quantize(int64_t type, const float* x, int64_t row0, int64_t rows, const Ac
   avx2::kernels.quantize(type, x, row0, rows, a);  // the activations in order, as the AVX2 kernels read them
 }
 
-// A full tile of rows takes the tile multiplies, fewer take VNNI (the same integers): the codes' staging for the
-// tiles costs as much as VNNI's multiplies of the rows missing from a tile (docs/kernels.md).
+// A full tile of rows of Q4_K or Q4_0 takes the tile multiplies, fewer take VNNI (the same integers): the codes' staging
+// for the tiles costs as much as VNNI's multiplies of the rows missing from a tile, and Q6_K's sub-blocks of 16 fill
+// only a quarter of a tile multiply, so its rows always take VNNI (docs/kernels.md).
 constexpr int64_t kTileRows = 16;
 
 void matmul(int64_t type, const uint8_t* w, int64_t row_bytes, const Activations& a, int64_t row0, int64_t count,
             const float* bias, float* out, int64_t n_out, int64_t n0, int64_t n1) {
-  const bool six = type == Q6_K_TILES, q4_k = type == Q4_K_TILES, tiles = count == kTileRows;
+  const bool six = type == Q6_K_TILES, q4_k = type == Q4_K_TILES, tiles = count == kTileRows && !six;
   const int64_t groups = a.k / 32;
   std::vector<float> sums(static_cast<size_t>(q4_k ? count * groups : 0));
   std::vector<int32_t> offsets(static_cast<size_t>(q4_k ? 0 : six ? count * 2 * groups : count * groups));
@@ -300,9 +282,9 @@ void matmul(int64_t type, const uint8_t* w, int64_t row_bytes, const Activations
     }
   }
   const RowTerms terms{a.q + row0 * a.k, a.d + row0 * groups, sums.data(), offsets.data(), a.k, count};
-  if (tiles) configure(count, six ? 16 : 32);
+  if (tiles) configure(count);
   alignas(64) float acc[16 * 16];
-  const auto run = six ? (tiles ? columns<Q6_K_TILES, true> : columns<Q6_K_TILES, false>)
+  const auto run = six ? columns<Q6_K_TILES, false>
                    : q4_k ? (tiles ? columns<Q4_K_TILES, true> : columns<Q4_K_TILES, false>)
                    : (tiles ? columns<Q4_0_TILES, true> : columns<Q4_0_TILES, false>);
   for (int64_t n = n0; n < n1; n += 16) {
