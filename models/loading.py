@@ -18,6 +18,7 @@ from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PreTra
 from transformers.utils import logging as hf_logging
 
 import kernels
+from models import grouped_attention
 from models.devices import resolve_device, resolve_dtype
 from models.formats import blocks, choice, q4k
 from models.formats.prepack import available as prepack_available
@@ -381,6 +382,7 @@ def load_pair(
     if drafter is not None:
         loaded_drafter = load(drafter, quantize=drafter_quantize, keep_dense=True, placement=drafter_placement,
                               requantize_rest=True)  # its weights never change the output
+        grouped_attention.use(loaded_drafter.model)  # nor its attention's rounding
         notice = vocab_notice(loaded_target.tokenizer, loaded_drafter.tokenizer)
     end_ids = end_token_ids(loaded_target.tokenizer, loaded_target.model.generation_config)
     return LoadedPair(target=loaded_target, drafter=loaded_drafter, end_ids=end_ids, vocab_notice=notice)

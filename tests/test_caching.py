@@ -189,6 +189,22 @@ def test_speculative_with_a_compiled_drafter_equals_autoregressive(target_model,
     assert len(fed) >= len(rounds)  # the drafter's short forwards ran compiled
 
 
+@pytest.mark.slow
+def test_compiled_steps_write_the_cache_in_place_through_crops_and_growth_without_a_new_graph(compiled_drafter):
+    lm, eager = compiled_drafter, CachedModel(compiled_drafter.model)
+    lm.reset()
+    buffers = set()
+    with torch.inference_mode(), torch._dynamo.config.patch(error_on_recompile=True), counting_steps(lm) as fed:
+        for ids in ([3, 4, 5], *([t % 90 + 1] if t % 5 else [t % 90 + 1, 7] for t in range(260))):
+            if len(lm.tokens) % 50 == 3:  # a rejected draft: the next step overwrites its rows
+                lm.crop(len(lm.tokens) - 1)
+                eager.crop(len(eager.tokens) - 1)
+            assert torch.allclose(lm.forward(ids), eager.forward(ids), atol=1e-5)
+            buffers.add(lm.cache.layers[0].keys.data_ptr())
+    assert len(fed) == 260 and len(lm.tokens) > 259  # every step compiled, the first buffer's room (259 rows) outgrown
+    assert len(buffers) == 2  # written in place, moved once when it grew
+
+
 def test_a_failed_compile_leaves_the_model_eager(target_model, monkeypatch):
     def no_compiler(*args, **kwargs):
         raise RuntimeError("no C++ compiler")
@@ -253,3 +269,29 @@ def test_a_cached_model_grows_its_cache_in_place_until_it_takes_compiled_steps(t
         lm.forward([5])
     assert isinstance(lm.cache.layers[0], GrowingLayer) and lm.cache.layers[0].keys.data_ptr() == at
     assert torch.allclose(lm.forward([7])[0], fresh_last_logits(target_model, PROMPT + [5, 7]), atol=1e-10)
+
+
+def test_grouped_attention_shares_the_key_heads_under_a_mask_and_computes_what_sdpa_does(monkeypatch):
+    from models import grouped_attention
+    from tests.helpers import tiny_model
+
+    sdpa = tiny_model(seed=2, dtype=torch.float32)
+    grouped = copy.deepcopy(sdpa)
+    assert sdpa.config._attn_implementation == "sdpa" and grouped_attention.use(grouped)
+    calls = []
+    attention = torch.nn.functional.scaled_dot_product_attention
+
+    def spy(query, key, value, **kwargs):
+        calls.append((key.shape[1], kwargs.get("attn_mask") is not None, kwargs.get("enable_gqa", False)))
+        return attention(query, key, value, **kwargs)
+
+    a, b = CachedModel(sdpa), CachedModel(grouped)
+    with torch.inference_mode():
+        for ids in (PROMPT, [5, 6, 7], [8], [9, 10]):  # rows after a cache come with a mask
+            expected = a.forward(ids, keep=len(ids))
+            monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention", spy)
+            got = b.forward(ids, keep=len(ids))
+            monkeypatch.undo()
+            assert torch.allclose(got, expected, atol=1e-5)
+    assert (2, True, True) in calls  # two key heads for four query heads, masked: not repeated
+    assert all(heads == 2 for heads, _, _ in calls)

@@ -22,45 +22,90 @@ class GrowingLayer(DynamicLayer):
     """A `DynamicLayer` whose keys and values are views of a longer buffer, grown by half again when full: a forward
     writes its rows in place where `torch.cat` would copy the whole cache every step (a fifth of a 1.5B model's step
     on a CPU at a 2,048-token context, docs/kernels.md). Crops stay views; rows past them are overwritten by the next
-    update. Keys or values set from outside (another dtype, reordered rows) are copied into a fresh buffer first.
-    `grows` False: it concatenates as `DynamicLayer` does (what a compiled step traces: torch.compile cannot take a
-    buffer and a view of it as inputs of one graph)."""
+    update. Keys or values set from outside (another dtype, reordered rows) are copied into a fresh buffer by the next
+    update. A compiled step traces only the writes and the views: `reserve` makes room before it, and the count of rows
+    held is the size of an empty tensor, which the graph takes as dynamic where an int attribute would be a constant.
+    `grows` False: it concatenates as `DynamicLayer` does (the cache before this layer, for `benchmarks.context`)."""
 
-    _buffers: tuple[Tensor, Tensor] | None = None
     grows = True
+
+    def __init__(self) -> None:
+        self._buffers: list[Tensor | None] = [None, None]  # keys, values: (..., capacity, head_dim)
+        self._plain: list[Tensor | None] = [None, None]  # set from outside, or concatenated (not growing)
+        self._held = [torch.empty(0, 0), torch.empty(0, 0)]  # (0, rows held) for each buffer
+        super().__init__()
+
+    def _get(self, i: int) -> Tensor | None:
+        buffer = self._buffers[i]
+        return self._plain[i] if buffer is None else buffer[..., : self._held[i].shape[-1], :]
+
+    def _set(self, i: int, value: Tensor | None) -> None:
+        buffer = self._buffers[i]
+        if buffer is not None and value is not None and _starts(value, buffer):  # a crop of this buffer's rows
+            self._held[i] = _rows_held(value.shape[-2], value.device)
+        else:
+            self._buffers[i], self._plain[i] = None, value
+
+    keys = property(lambda self: self._get(0), lambda self, value: self._set(0, value))
+    values = property(lambda self: self._get(1), lambda self, value: self._set(1, value))
+
+    def reserve(self, end: int, like: Tensor) -> None:
+        """Buffers that take `end` rows like `like` (its dtype and other dimensions; writable in this mode), with the
+        rows held now at their start."""
+        keys = self._get(0)
+        held = 0 if keys is None or keys.dim() != 4 else keys.shape[-2]
+        for i in range(2):
+            buffer, current = self._buffers[i], self._get(i)
+            if buffer is not None and _takes(buffer, like, end):
+                continue
+            grown = like.new_empty(*like.shape[:-2], end + max(end // 2, 256), like.shape[-1])
+            if current is not None and current.dim() == 4:
+                grown[..., :held, :] = current
+            self._buffers[i], self._plain[i] = grown, None
+        self._held = [_rows_held(held, like.device) for _ in range(2)]
 
     def update(self, key_states: Tensor, value_states: Tensor, *args, **kwargs) -> tuple[Tensor, Tensor]:
         if not self.grows:
             return super().update(key_states, value_states, *args, **kwargs)
         if not self.is_initialized:
             self.lazy_initialization(key_states, value_states)
-        cached = ((self.keys, self.values) if self.keys is not None and self.values is not None and self.keys.dim() == 4
-                  else None)
-        held = 0 if cached is None else cached[0].shape[-2]
+        if not torch.compiler.is_compiling():  # a compiled step's room was made before it (`reserve`)
+            self.reserve(self.get_seq_length() + key_states.shape[-2], key_states)
+        held = self._held[0].shape[-1]
         end = held + key_states.shape[-2]
-        states = (key_states, value_states)
-        olds: tuple[Tensor | None, Tensor | None] = cached if cached is not None else (None, None)
-        if self._buffers is None or not all(
-                _backs(buffer, new, end, old) for buffer, new, old in zip(self._buffers, states, olds, strict=True)):
-            self._buffers = cast(tuple[Tensor, Tensor], tuple(
-                new.new_empty(*new.shape[:-2], end + max(end // 2, 256), new.shape[-1]) for new in states))
-            if cached is not None:
-                for buffer, old in zip(self._buffers, cached, strict=True):
-                    buffer[..., :held, :] = old
-        for buffer, new in zip(self._buffers, states, strict=True):
-            buffer[..., held:end, :] = new
-        keys, values = (buffer[..., :end, :] for buffer in self._buffers)
-        self.keys, self.values = keys, values
-        return keys, values
+        for buffer, new in zip(self._buffers, (key_states, value_states), strict=True):
+            cast(Tensor, buffer)[..., held:end, :] = new
+        self._held = [marker.new_empty(0, end) for marker in self._held]
+        return cast(Tensor, self.keys), cast(Tensor, self.values)
 
 
-def _backs(buffer: Tensor, states: Tensor, end: int, cached: Tensor | None) -> bool:
-    """Whether `buffer` takes `end` rows of `states` (their shape and dtype; writable in this mode), the cached rows
-    (`cached`, None for none) at its start."""
+def _rows_held(rows: int, device: torch.device) -> Tensor:
+    """The empty tensor whose size is a layer's count of rows; made in inference mode whatever the caller's, so that a
+    compiled step, which runs in it, always finds the same kind of tensor there."""
+    with torch.inference_mode():
+        return torch.empty(0, rows, device=device)
+
+
+def _starts(view: Tensor, buffer: Tensor) -> bool:
+    """Whether `view` is the first rows of `buffer`."""
+    return (view.data_ptr() == buffer.data_ptr() and view.dtype == buffer.dtype and view.shape[:-2] == buffer.shape[:-2]
+            and view.shape[-1] == buffer.shape[-1] and view.shape[-2] <= buffer.shape[-2]
+            and view.stride() == buffer.stride())
+
+
+def _takes(buffer: Tensor, like: Tensor, end: int) -> bool:
+    """Whether `buffer` takes `end` rows of tensors like `like` (their shape and dtype; writable in this mode)."""
     if buffer.is_inference() and not torch.is_inference_mode_enabled():  # no in-place writes to it out of that mode
         return False
-    return (buffer.shape[-2] >= end and buffer.dtype == states.dtype and buffer.shape[:-2] == states.shape[:-2]
-            and buffer.shape[-1] == states.shape[-1] and (cached is None or cached.data_ptr() == buffer.data_ptr()))
+    return (buffer.shape[-2] >= end and buffer.dtype == like.dtype and buffer.shape[:-2] == like.shape[:-2]
+            and buffer.shape[-1] == like.shape[-1])
+
+
+def reserve(cache: DynamicCache, end: int) -> None:
+    """Room in each `GrowingLayer` of `cache` for `end` rows in all, like those it holds (before a compiled step)."""
+    for layer in cache.layers:
+        if isinstance(layer, GrowingLayer) and layer.grows and layer.keys is not None and layer.keys.dim() == 4:
+            layer.reserve(end, layer.keys)
 
 
 def new_cache(config, grows: bool = True) -> DynamicCache:
@@ -76,9 +121,11 @@ def stop_growing(cache: DynamicCache) -> None:
     """The `GrowingLayer`s of `cache` concatenate from now on, their rows moved out of the buffers."""
     for layer in cache.layers:
         if isinstance(layer, GrowingLayer) and layer.grows:
-            layer.grows, layer._buffers = False, None
-            if layer.keys is not None and layer.values is not None:
-                layer.keys, layer.values = layer.keys.contiguous(), layer.values.contiguous()
+            keys, values = layer.keys, layer.values
+            layer.grows = False
+            layer._buffers, layer._plain = [None, None], [None, None]
+            if keys is not None and values is not None:
+                layer.keys, layer.values = keys.contiguous(), values.contiguous()
 
 
 def crop(cache: DynamicCache, length: int) -> None:
@@ -88,10 +135,6 @@ def crop(cache: DynamicCache, length: int) -> None:
         raise ValueError(f"cannot crop a cache of {cache.get_seq_length()} tokens to {length}")
     if surplus:
         cache.crop(-surplus)
-        for layer in cache.layers:  # a compiled step's guards take a cropped view's strides for another graph
-            if (isinstance(layer, GrowingLayer) and not layer.grows and layer.keys is not None
-                    and layer.values is not None):
-                layer.keys, layer.values = layer.keys.contiguous(), layer.values.contiguous()
 
 
 def select_rows(cache: DynamicCache, rows: Tensor) -> None:
@@ -210,7 +253,7 @@ class CachedModel:
         if self.keeps_hidden:
             model_kwargs["output_hidden_states"] = True
         if step:
-            stop_growing(self.cache)  # the compiled graph traces DynamicLayer's concatenation
+            reserve(self.cache, start + len(ids))  # the compiled graph writes the new rows in place
         fed = ids + ids[-1:] * spare
         if "position_ids" not in model_kwargs:
             model_kwargs["position_ids"] = torch.arange(start, start + len(fed), device=self.device)[None]
@@ -227,7 +270,7 @@ class CachedModel:
             if spare:
                 crop(self.cache, start + len(ids))
         except BaseException:  # e.g. Ctrl-C: some layers may hold the new tokens and others not
-            self.cache, self.tokens = new_cache(self.model.config, self.step_model is None), []
+            self.cache, self.tokens = new_cache(self.model.config), []
             raise
         if self.keeps_hidden:
             self._store_hidden(start, out.hidden_states[-1][0, : len(ids)])
