@@ -11,6 +11,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from utils.logits_processor import sample
+
 
 def accept_greedy(x: Tensor, target_logits: Tensor) -> tuple[int, int]:
     """Accept while the draft equals the target's argmax; then emit the target's argmax.
@@ -48,7 +50,7 @@ def accept_stochastic(x: Tensor, p: Tensor, q: Tensor | None, generator: torch.G
     mass = residual.sum(-1, keepdim=True)
     residual = torch.where(mass > 0, residual / mass.clamp_min(torch.finfo(p.dtype).tiny), p[:k])
     next_dist = torch.cat([residual, p[k:]])  # (k+1, V): correction at each rejection point, then the bonus
-    choices = torch.multinomial(next_dist, 1, generator=generator).squeeze(-1)  # (k+1,), no sync yet
+    choices = sample(next_dist, generator)  # (k+1,), no sync yet
     n, token = torch.stack([n, choices[n]]).tolist()
     return n, token
 
@@ -95,7 +97,7 @@ def accept_tree_stochastic(x: Tensor, parents: Tensor, p: Tensor, generator: tor
     residual = p.index_put((rows, x), p.new_zeros(()))  # each row without its children's tokens
     mass = residual.sum(-1, keepdim=True)
     residual = torch.where(mass > 0, residual / mass.clamp_min(torch.finfo(p.dtype).tiny), p)  # 0/0 guard as above
-    choices = torch.multinomial(residual, 1, generator=generator).squeeze(-1)  # (T+1,), no sync yet
+    choices = sample(residual, generator)  # (T+1,), no sync yet
     row = torch.where(on_path, depth, -1).argmax()
     row, token = torch.stack([row, choices[row]]).tolist()
     return row - 1, token
@@ -125,6 +127,6 @@ def accept_tree_typical(x: Tensor, parents: Tensor, p: Tensor, threshold: float,
     passes = p[rows, x] > floor[rows]
     on_path, depth = _along_paths(torch.cat([passes.new_ones(1), passes]), parents)
     row = torch.where(on_path, depth, -1).argmax()
-    choices = torch.multinomial(p, 1, generator=generator).squeeze(-1)  # (T+1,)
+    choices = sample(p, generator)  # (T+1,)
     row, token = torch.stack([row, choices[row]]).tolist()
     return row - 1, token

@@ -86,8 +86,10 @@ def test_cumulative_stop_ends_the_draft_where_the_product_of_drafter_probabiliti
         logits = confident_model(torch.tensor([PROMPT + draft.tokens])).logits[0, len(PROMPT) - 1:-1]
     probs = logits.softmax(-1)[torch.arange(len(draft)), draft.tokens]  # the drafter's probability of each draft
     products = probs.cumprod(0)
-    assert len(draft) == length  # stopped at the first token that took the product below the threshold
-    assert products[-1] < cumulative and (products[:-1] >= cumulative).all()
+    if processor.is_greedy:  # sampled drafts are other tokens, whose products fall elsewhere
+        assert len(draft) == length
+    assert (products[:-1] >= cumulative).all()  # stopped at the first one below, or at the 12 asked for
+    assert products[-1] < cumulative or len(draft) == 12
 
 
 @pytest.mark.parametrize("gamma", [1, 3, 8])

@@ -113,6 +113,22 @@ def test_sampling_follows_probabilities_with_explicit_generator():
     assert torch.equal(draws, again)
 
 
+def test_sample_follows_unnormalized_weights_and_never_draws_a_weight_of_zero():
+    from tests.distribution import chi_square_test
+    from utils.logits_processor import sample
+
+    weights = torch.zeros(2, 1000, dtype=torch.float32)  # zeros first, between and last
+    weights[:, [3, 10, 11, 500, 998]] = torch.tensor([4.0, 1.0, 0.5, 2.0, 2.5])
+    draws = sample(weights.repeat(10000, 1).reshape(-1, 2, 1000), torch.Generator().manual_seed(5))
+    assert draws.shape == (10000, 2)
+    expected = {(int(i),): float(w) / 10.0 for i, w in enumerate(weights[0]) if w > 0}
+    stat, critical = chi_square_test([(int(t),) for t in draws.flatten()], expected)
+    assert stat <= critical
+    one_hot = torch.zeros(1000)
+    one_hot[0] = 1.0  # the first token alone: a draw of u = 0 takes it, as every other draw
+    assert set(sample(one_hot.expand(500, -1), torch.Generator().manual_seed(6)).tolist()) == {0}
+
+
 def test_make_processor_maps_hf_flags():
     assert isinstance(make_processor(0.0), GreedyProcessor)
     assert isinstance(make_processor(0.8), MultinomialProcessor)

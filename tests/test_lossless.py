@@ -89,9 +89,10 @@ def test_autoregressive_sampling_follows_the_target_distribution(toy_target):
 
 @pytest.mark.slow
 def test_chi_square_test_rejects_a_biased_sampler(toy_target):
-    """The test has power: sampling at temperature 1.3 is told apart from the exact temperature-1.0 distribution."""
+    """The test has power: sampling at temperature 1.6 is told apart from the exact temperature-1.0 distribution (at
+    1.3 these runs tell it apart about one time in three)."""
     expected = exact_sequence_distribution(toy_target, PROMPT, LENGTH, MultinomialProcessor(1.0))
-    samples = sample_many(Autoregressive(CachedModel(toy_target)), MultinomialProcessor(1.3))
+    samples = sample_many(Autoregressive(CachedModel(toy_target)), MultinomialProcessor(1.6))
     stat, critical = chi_square_test(samples, expected)
     assert stat > critical
 
