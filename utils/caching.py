@@ -42,7 +42,7 @@ class GrowingLayer(DynamicLayer):
     def _set(self, i: int, value: Tensor | None) -> None:
         buffer = self._buffers[i]
         if buffer is not None and value is not None and _starts(value, buffer):  # a crop of this buffer's rows
-            self._held[i] = _rows_held(value.shape[-2], value.device)
+            self._held[i] = self._held[i].new_empty(0, value.shape[-2])
         else:
             self._buffers[i], self._plain[i] = None, value
 
@@ -52,6 +52,8 @@ class GrowingLayer(DynamicLayer):
     def reserve(self, end: int, like: Tensor) -> None:
         """Buffers that take `end` rows like `like` (its dtype and other dimensions; writable in this mode), with the
         rows held now at their start."""
+        if all(buffer is not None and _takes(buffer, like, end) for buffer in self._buffers):
+            return
         keys = self._get(0)
         held = 0 if keys is None or keys.dim() != 4 else keys.shape[-2]
         for i in range(2):
@@ -62,7 +64,8 @@ class GrowingLayer(DynamicLayer):
             if current is not None and current.dim() == 4:
                 grown[..., :held, :] = current
             self._buffers[i], self._plain[i] = grown, None
-        self._held = [_rows_held(held, like.device) for _ in range(2)]
+        marker = like.new_empty(0, held)
+        self._held = [marker, marker]
 
     def update(self, key_states: Tensor, value_states: Tensor, *args, **kwargs) -> tuple[Tensor, Tensor]:
         if not self.grows:
@@ -75,15 +78,18 @@ class GrowingLayer(DynamicLayer):
         end = held + key_states.shape[-2]
         for buffer, new in zip(self._buffers, (key_states, value_states), strict=True):
             cast(Tensor, buffer)[..., held:end, :] = new
-        self._held = [marker.new_empty(0, end) for marker in self._held]
+        marker = self._held[0].new_empty(0, end)
+        self._held = [marker, marker]
         return cast(Tensor, self.keys), cast(Tensor, self.values)
 
 
-def _rows_held(rows: int, device: torch.device) -> Tensor:
-    """The empty tensor whose size is a layer's count of rows; made in inference mode whatever the caller's, so that a
-    compiled step, which runs in it, always finds the same kind of tensor there."""
+def _in_inference_mode(marker: Tensor) -> Tensor:
+    """`marker` (an empty tensor whose size is a layer's count of rows) made in inference mode if it was not: a
+    compiled step, which runs in that mode, then always finds the same kind of tensor there."""
+    if marker.is_inference():
+        return marker
     with torch.inference_mode():
-        return torch.empty(0, rows, device=device)
+        return torch.empty(0, marker.shape[-1], device=marker.device)
 
 
 def _starts(view: Tensor, buffer: Tensor) -> bool:
@@ -106,6 +112,7 @@ def reserve(cache: DynamicCache, end: int) -> None:
     for layer in cache.layers:
         if isinstance(layer, GrowingLayer) and layer.grows and layer.keys is not None and layer.keys.dim() == 4:
             layer.reserve(end, layer.keys)
+            layer._held = [_in_inference_mode(marker) for marker in layer._held]  # what the graph was compiled for
 
 
 def new_cache(config, grows: bool = True) -> DynamicCache:

@@ -172,9 +172,9 @@ struct Q40Scales {
   }
 };
 
-// How far ahead of the codes a unit reads their lines are asked for (Q6_K: two units ahead): one unit ahead leaves
-// several rows' VNNI waiting on memory (docs/kernels.md).
-constexpr int64_t kAhead = 4096;
+// How far ahead of the codes a unit reads their lines are asked for: one unit (2 KB) for one row, two for several,
+// whose VNNI then waits on memory less; one row's step measured slower asking two ahead (docs/kernels.md).
+inline int64_t ahead(int64_t rows, int64_t unit) { return rows == 1 ? unit : 2 * unit; }
 
 // A unit for every row with VNNI, the codes decoded in registers and each group's sums taken to the float step at once.
 template <class Scales, int kPairs>
@@ -186,7 +186,7 @@ inline void vnni_nibbles(const uint8_t* unit, int64_t u, const RowTerms& t, floa
     __m512i low[8], high[8];
     for (int r = 0; r < 8; ++r) {
       const __m512i both = load(unit + 512 * p + 64 * r);
-      _mm_prefetch(reinterpret_cast<const char*>(unit + 512 * p + 64 * r + kAhead), _MM_HINT_T0);
+      _mm_prefetch(reinterpret_cast<const char*>(unit + 512 * p + 64 * r + ahead(t.rows, 2048)), _MM_HINT_T0);
       low[r] = _mm512_and_si512(both, nibble);
       high[r] = _mm512_and_si512(_mm512_srli_epi16(both, 4), nibble);
     }
@@ -206,7 +206,8 @@ inline void vnni_q6_k(const uint8_t* unit, int64_t u, const RowTerms& t, float* 
   for (int q = 0; q < 4; ++q) {
     __m512i rows[4][4];
     decode_q6_k(unit, q, rows);
-    for (int i = 0; i < 14; ++i) _mm_prefetch(reinterpret_cast<const char*>(unit + 6720 + 64 * (14 * q + i)), _MM_HINT_T0);
+    for (int i = 0; i < 14; ++i)
+      _mm_prefetch(reinterpret_cast<const char*>(unit + ahead(t.rows, 3360) + 64 * (14 * q + i)), _MM_HINT_T0);
     for (int64_t m = 0; m < t.rows; ++m) {
       __m512 total = _mm512_load_ps(acc + 16 * m);
       for (int h = 0; h < 4; ++h)
