@@ -34,7 +34,7 @@ def rowwise_attention(module, query: Tensor, key: Tensor, value: Tensor, attenti
     if _native(query, key, value):
         seen = None if attention_mask is None else (
             attention_mask[:, 0] if attention_mask.dtype == torch.bool else attention_mask[:, 0] == 0)
-        return torch.ops.specchat.row_attention(query, key, value, seen, scale), None  # loaded: `register`
+        return kernels.row_attention(query, key, value, seen, scale), None
     softmax_dtype = torch.promote_types(query.dtype, torch.float32)  # float32 at least, as eager attention does
     out = query.new_empty(batch, rows, heads, value.shape[-1])
     for b in range(batch):
@@ -53,12 +53,9 @@ def rowwise_attention(module, query: Tensor, key: Tensor, value: Tensor, attenti
     return out, None
 
 
-_kernels_load = False  # whether the project's kernels load here, as `register` found: a constant to a compiled graph
-
-
 def _native(*tensors: Tensor) -> bool:
     """Whether the project's C++ kernel computes this attention (float32 on a CPU where the kernels load)."""
-    return all(t.dtype == torch.float32 and t.device.type == "cpu" for t in tensors) and _kernels_load
+    return all(t.dtype == torch.float32 and t.device.type == "cpu" for t in tensors) and kernels.unavailable() is None
 
 
 def _seen(mask: Tensor | None, b: int, rows: int, length: int, device: torch.device) -> Tensor:
@@ -70,7 +67,5 @@ def _seen(mask: Tensor | None, b: int, rows: int, length: int, device: torch.dev
 
 def register() -> None:
     """Make "rowwise" an attention implementation transformers models can switch to (`set_attn_implementation`)."""
-    global _kernels_load
-    _kernels_load = kernels.unavailable() is None
     AttentionInterface.register(NAME, rowwise_attention)
     AttentionMaskInterface.register(NAME, sdpa_mask)

@@ -67,6 +67,12 @@ class GrowingLayer(DynamicLayer):
         marker = like.new_empty(0, held)
         self._held = [marker, marker]
 
+    def ready_for_step(self, end: int) -> None:
+        """Room for `end` rows like those held, and the row counts made in inference mode: what a compiled step's
+        graph was compiled for."""
+        self.reserve(end, cast(Tensor, self.keys))
+        self._held = [_in_inference_mode(marker) for marker in self._held]
+
     def update(self, key_states: Tensor, value_states: Tensor, *args, **kwargs) -> tuple[Tensor, Tensor]:
         if not self.grows:
             return super().update(key_states, value_states, *args, **kwargs)
@@ -111,16 +117,13 @@ def reserve(cache: DynamicCache, end: int) -> None:
     """Room in each `GrowingLayer` of `cache` for `end` rows in all, like those it holds (before a compiled step)."""
     for layer in cache.layers:
         if isinstance(layer, GrowingLayer) and layer.grows and layer.keys is not None and layer.keys.dim() == 4:
-            layer.reserve(end, layer.keys)
-            layer._held = [_in_inference_mode(marker) for marker in layer._held]  # what the graph was compiled for
+            layer.ready_for_step(end)
 
 
-def new_cache(config, grows: bool = True) -> DynamicCache:
+def new_cache(config) -> DynamicCache:
     """A DynamicCache for `config` whose full-attention layers are `GrowingLayer`s."""
     cache = DynamicCache(config=config)
     cache.layers = [GrowingLayer() if type(layer) is DynamicLayer else layer for layer in cache.layers]
-    if not grows:
-        stop_growing(cache)
     return cache
 
 
