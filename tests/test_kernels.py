@@ -101,8 +101,8 @@ def test_packing_keeps_every_bit_and_lookups_read_the_packed_rows(isa, block_typ
         pytest.skip(f"{block_type} blocks do not fill {in_features} inputs")
     raw = torch.from_numpy(random_blocks(block_type, out_features, in_features, seed=7))
     packed, type_id = kernels.pack(raw, block_type)
-    # the AVX-512 kernels (and the AMX ones, for what they leave to them) read every type packed
-    repacks = isa in ("avx512-vnni", "amx-int8") and in_features % 128 == 0
+    # the AVX-512 kernels (and the AMX ones, for what they leave to them) read every type packed, AVX2 all but Q8_0
+    repacks = in_features % 128 == 0 and (isa in ("avx512-vnni", "amx-int8") or block_type != "Q8_0")
     tiled = (isa == "amx-int8" and out_features % 16 == 0
              and (block_type in ("Q4_K", "Q6_K") or block_type == "Q4_0" and in_features % 128 == 0))
     assert (type_id in kernels.PACKED) == repacks and (packed is raw) != repacks
@@ -115,15 +115,32 @@ def test_packing_keeps_every_bit_and_lookups_read_the_packed_rows(isa, block_typ
 
 @pytest.mark.skipif("avx512-vnni" not in kernels.isas(), reason="the CPU runs no AVX-512 VNNI")
 def test_weights_packed_for_one_instruction_set_are_refused_by_another_with_the_reason():
-    packed, type_id = kernels.pack(torch.from_numpy(random_blocks("Q4_K", 4, 256)), "Q4_K")
     try:
         kernels.use("avx512-vnni")
-        packed, type_id = kernels.pack(torch.from_numpy(random_blocks("Q4_K", 4, 256)), "Q4_K")
-        kernels.use("avx2")
+        packed, type_id = kernels.pack(torch.from_numpy(random_blocks("Q8_0", 4, 256)), "Q8_0")
+        kernels.use("avx2")  # it reads Q8_0 in the file's blocks only
         with pytest.raises(RuntimeError, match="packed for the avx512-vnni kernels"):
             torch.ops.specchat.gguf_mm(torch.randn(1, 256), packed, type_id, 4, None)
     finally:
         kernels.use()
+
+
+@pytest.mark.skipif("avx512-vnni" not in kernels.isas(), reason="the CPU runs no AVX-512 VNNI")
+@pytest.mark.parametrize("block_type", ["Q4_K", "Q6_K", "Q4_0", "Q5_0"])
+def test_the_avx2_kernels_read_the_avx512_layouts_and_q4_k_gets_the_same_bits(block_type):
+    raw = torch.from_numpy(random_blocks(block_type, 9, 512, seed=11))
+    x = torch.randn(6, 512, generator=torch.Generator().manual_seed(12))
+    try:
+        kernels.use("avx512-vnni")
+        packed, type_id = kernels.pack(raw, block_type)
+        wide = torch.ops.specchat.gguf_mm(x, packed, type_id, 9, None)
+        kernels.use("avx2")
+        assert kernels.pack(raw, block_type)[1] == type_id
+        narrow = torch.ops.specchat.gguf_mm(x, packed, type_id, 9, None)
+    finally:
+        kernels.use()
+    # the same exact integer sums; Q4_K's float steps too, the others sum their 16 lanes as two halves of 8
+    assert torch.equal(narrow, wide) if block_type == "Q4_K" else torch.allclose(narrow, wide, rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.skipif("amx-int8" not in kernels.isas(), reason="the CPU runs no AMX-INT8")

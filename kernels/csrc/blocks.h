@@ -55,7 +55,8 @@ constexpr int64_t kUnitExtra = 128;  // 16 float scales and 16 int32 offsets aft
 
 struct Kernels {
   const char* name;
-  bool packed;  // reads Activations::packed (else q, d and s)
+  // Whether these kernels read Activations::packed for weights of this type (else q, d and s).
+  bool (*packed)(int64_t type);
   int64_t columns;  // matmul takes whole multiples of this many output columns
   // Whether these kernels take a weight of this type with k inputs.
   bool (*takes)(int64_t type, int64_t k);

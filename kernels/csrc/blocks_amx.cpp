@@ -318,7 +318,7 @@ bool available() {
   return ready;
 }
 
-const Kernels kernels = {"amx-int8", false, 16, takes, layout, quantize, matmul};
+const Kernels kernels = {"amx-int8", [](int64_t) { return false; }, 16, takes, layout, quantize, matmul};
 
 }  // namespace amx
 }  // namespace specchat

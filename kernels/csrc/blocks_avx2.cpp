@@ -4,6 +4,7 @@
 
 #include <cmath>
 #include <cstring>
+#include <vector>
 
 #include "blocks.h"
 #include "lanes.h"
@@ -43,41 +44,59 @@ inline __m256i word_pair(int i) {
 }
 const __m128i kMinPairs = _mm_setr_epi8(8, 8, 9, 9, 10, 10, 11, 11, 12, 12, 13, 13, 14, 14, 15, 15);
 
-void quantize(int64_t, const float* x, int64_t row0, int64_t rows, const Activations& a) {
-  auto* q = const_cast<int8_t*>(a.q);
-  auto* d = const_cast<float*>(a.d);
-  auto* s = const_cast<int16_t*>(a.s);
-  const int64_t groups = a.k / a.group;
+// One row of k values as int8, one scale (max |x| / 127) per `group` values into d, the sums of each 16 int8 values
+// into s.
+void round_row(const float* x, int64_t k, int64_t group, int8_t* q, float* d, int16_t* s) {
   const __m256 sign = _mm256_set1_ps(-0.0f);
-  for (int64_t m = row0; m < row0 + rows; ++m) {
-    for (int64_t g = 0; g < groups; ++g) {
-      const float* xs = x + m * a.k + g * a.group;
-      __m256 amax = _mm256_setzero_ps();
-      for (int64_t i = 0; i < a.group; i += 8) amax = _mm256_max_ps(amax, _mm256_andnot_ps(sign, _mm256_loadu_ps(xs + i)));
-      __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(amax), _mm256_extractf128_ps(amax, 1));
-      m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
-      m4 = _mm_max_ss(m4, _mm_movehdup_ps(m4));
-      const float top = _mm_cvtss_f32(m4);
-      d[m * groups + g] = top / 127.0f;
-      const __m256 inverse = _mm256_set1_ps(top > 0.0f ? 127.0f / top : 0.0f);
-      int8_t* qs = q + m * a.k + g * a.group;
-      int16_t* ss = s + (m * a.k + g * a.group) / 16;
-      for (int64_t i = 0; i < a.group; i += 16) {
-        int sum = 0;
-        for (int64_t j = i; j < i + 16; j += 8) {
-          const __m256i v = _mm256_cvtps_epi32(_mm256_round_ps(_mm256_mul_ps(_mm256_loadu_ps(xs + j), inverse),
-                                                               _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
-          alignas(32) int32_t lanes[8];
-          _mm256_store_si256(reinterpret_cast<__m256i*>(lanes), v);
-          for (int l = 0; l < 8; ++l) {
-            const int value = lanes[l] > 127 ? 127 : lanes[l] < -127 ? -127 : lanes[l];
-            qs[j + l] = static_cast<int8_t>(value);
-            sum += value;
-          }
+  for (int64_t g = 0; g < k / group; ++g) {
+    const float* xs = x + g * group;
+    __m256 amax = _mm256_setzero_ps();
+    for (int64_t i = 0; i < group; i += 8) amax = _mm256_max_ps(amax, _mm256_andnot_ps(sign, _mm256_loadu_ps(xs + i)));
+    __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(amax), _mm256_extractf128_ps(amax, 1));
+    m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+    m4 = _mm_max_ss(m4, _mm_movehdup_ps(m4));
+    const float top = _mm_cvtss_f32(m4);
+    d[g] = top / 127.0f;
+    const __m256 inverse = _mm256_set1_ps(top > 0.0f ? 127.0f / top : 0.0f);
+    int8_t* qs = q + g * group;
+    int16_t* ss = s + g * group / 16;
+    for (int64_t i = 0; i < group; i += 16) {
+      int sum = 0;
+      for (int64_t j = i; j < i + 16; j += 8) {
+        const __m256i v = _mm256_cvtps_epi32(_mm256_round_ps(_mm256_mul_ps(_mm256_loadu_ps(xs + j), inverse),
+                                                             _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+        alignas(32) int32_t lanes[8];
+        _mm256_store_si256(reinterpret_cast<__m256i*>(lanes), v);
+        for (int l = 0; l < 8; ++l) {
+          const int value = lanes[l] > 127 ? 127 : lanes[l] < -127 ? -127 : lanes[l];
+          qs[j + l] = static_cast<int8_t>(value);
+          sum += value;
         }
-        ss[i / 16] = static_cast<int16_t>(sum);
       }
+      ss[i / 16] = static_cast<int16_t>(sum);
     }
+  }
+}
+
+// The packed layouts (lanes.h) these kernels read: every AVX-512 one but Q8_0's, whose codes plus 128 overflow
+// maddubs' int16 sums.
+bool lanes(int64_t type) {
+  return type == Q4_K_LANES || type == Q6_K_LANES || type == Q4_0_LANES || type == Q5_0_LANES;
+}
+
+void quantize(int64_t type, const float* x, int64_t row0, int64_t rows, const Activations& a) {
+  if (!lanes(type)) {  // the values in order (the AMX kernels read them so too)
+    for (int64_t m = row0; m < row0 + rows; ++m)
+      round_row(x + m * a.k, a.k, a.group, const_cast<int8_t*>(a.q) + m * a.k,
+                const_cast<float*>(a.d) + m * (a.k / a.group), const_cast<int16_t*>(a.s) + m * (a.k / 16));
+    return;
+  }
+  std::vector<int8_t> natural(static_cast<size_t>(a.k));
+  std::vector<float> scale(static_cast<size_t>(a.k / 32));
+  std::vector<int16_t> sums(static_cast<size_t>(a.k / 16));
+  for (int64_t m = row0; m < row0 + rows; ++m) {
+    round_row(x + m * a.k, a.k, 32, natural.data(), scale.data(), sums.data());
+    pack_activations(type, natural.data(), scale.data(), const_cast<int8_t*>(a.packed) + m * a.row_stride, a.k);
   }
 }
 
@@ -239,6 +258,148 @@ void q5_0(const uint8_t* w, const Activations& a, int64_t row0, float* result) {
   for (int r = 0; r < R; ++r) result[r] = hsum(acc[r]);
 }
 
+// The packed layouts (lanes.h), read as the AVX-512 kernels read them, each 64-byte vector as two halves of 8 int32
+// lanes. maddubs' int16 pair sums of a lane are added in int16 over as many vectors as cannot overflow (codes below 16:
+// 16 products of 15 x 127; Q6_K's below 64: 8 products), then widened once: a unit costs a row about half the
+// instructions of converting every group's sum.
+inline __m256i widen(__m256i pairs) { return _mm256_madd_epi16(pairs, _mm256_set1_epi16(1)); }
+
+template <int R>
+void packed_rows(const Activations& a, int64_t row0, const int8_t* (&rows)[R]) {
+  for (int r = 0; r < R; ++r) rows[r] = a.packed + (row0 + r) * a.row_stride;
+}
+
+// Q4_K_LANES: lanes g and g + 8 are group g, so both halves of a vector add into the same 8 groups; the float steps
+// are the AVX-512 kernel's, in its order.
+template <int R>
+void q4_k_lanes(const uint8_t* w, const Activations& a, int64_t row0, float* result) {
+  const int64_t units = a.k / 256;
+  const __m256i nibble = _mm256_set1_epi8(0x0F);
+  __m256 acc[R];
+  for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
+  const int8_t* rows[R];
+  packed_rows<R>(a, row0, rows);
+  for (int64_t u = 0; u < units; ++u) {
+    const uint8_t* block = w + u * 148;
+    prefetch(block, 148);
+    const int64_t at = u * (256 + kUnitExtra);
+    __m256i pairs[R];
+    for (int r = 0; r < R; ++r) pairs[r] = _mm256_setzero_si256();
+#pragma GCC unroll 1
+    for (int q = 0; q < 4; ++q) {  // 32 bytes of codes: vector 2 (q / 2) half q % 2, low nibbles, then high ones
+      const __m256i codes = load(block + 32 * q);
+      const __m256i low = _mm256_and_si256(codes, nibble), high = _mm256_and_si256(_mm256_srli_epi16(codes, 4), nibble);
+      const int64_t first = at + 128 * (q / 2) + 32 * (q % 2);
+      for (int r = 0; r < R; ++r) {
+        pairs[r] = _mm256_add_epi16(pairs[r], _mm256_maddubs_epi16(low, load(rows[r] + first)));
+        pairs[r] = _mm256_add_epi16(pairs[r], _mm256_maddubs_epi16(high, load(rows[r] + first + 64)));
+      }
+    }
+    int32_t d_dmin;
+    std::memcpy(&d_dmin, block + 144, 4);
+    const __m128 d = _mm_cvtph_ps(_mm_cvtsi32_si128(d_dmin));
+    const __m256 scales = _mm256_mul_ps(_mm256_broadcastss_ps(d), _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(
+                                            _mm_loadl_epi64(reinterpret_cast<const __m128i*>(block + 128)))));
+    const __m256 mins = _mm256_mul_ps(_mm256_broadcastss_ps(_mm_movehdup_ps(d)), _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(
+                                          _mm_loadl_epi64(reinterpret_cast<const __m128i*>(block + 136)))));
+    for (int r = 0; r < R; ++r) {
+      const float* groups = reinterpret_cast<const float*>(rows[r] + at + 256);
+      const __m256 value = _mm256_fnmadd_ps(_mm256_loadu_ps(groups + 8), mins,
+                                            _mm256_mul_ps(_mm256_cvtepi32_ps(widen(pairs[r])), scales));
+      acc[r] = _mm256_fmadd_ps(value, _mm256_loadu_ps(groups), acc[r]);
+    }
+  }
+  for (int r = 0; r < R; ++r) result[r] = hsum(acc[r]);
+}
+
+// Q6_K_LANES: weight = d * scale * (code - 32); half h of each vector is lanes 8 h..8 h + 7, each a sub-block of 16.
+template <int R>
+void q6_k_lanes(const uint8_t* w, const Activations& a, int64_t row0, float* result) {
+  const int64_t units = a.k / 256;
+  const __m256i nibble = _mm256_set1_epi8(0x0F), high_pair = _mm256_set1_epi8(0x30);
+  __m256 acc[R];
+  for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
+  const int8_t* rows[R];
+  packed_rows<R>(a, row0, rows);
+  for (int64_t u = 0; u < units; ++u) {
+    const uint8_t* block = w + u * 210;
+    prefetch(block, 210);
+    const int64_t at = u * (256 + kUnitExtra);
+    const __m256 d = _mm256_set1_ps(half(block + 208));
+#pragma GCC unroll 1
+    for (int h = 0; h < 2; ++h) {
+      const __m256i first = load(block + 32 * h), second = load(block + 64 + 32 * h), high = load(block + 128 + 32 * h);
+      const __m256i codes[4] = {
+          _mm256_or_si256(_mm256_and_si256(first, nibble), _mm256_and_si256(_mm256_slli_epi16(high, 4), high_pair)),
+          _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(first, 4), nibble),
+                          _mm256_and_si256(_mm256_slli_epi16(high, 2), high_pair)),
+          _mm256_or_si256(_mm256_and_si256(second, nibble), _mm256_and_si256(high, high_pair)),
+          _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(second, 4), nibble),
+                          _mm256_and_si256(_mm256_srli_epi16(high, 2), high_pair))};
+      const __m256 scales = _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(
+                                                 _mm_loadl_epi64(reinterpret_cast<const __m128i*>(block + 192 + 8 * h)))));
+      for (int r = 0; r < R; ++r) {
+        const int8_t* y = rows[r] + at + 32 * h;
+        const __m256i front = _mm256_add_epi16(_mm256_maddubs_epi16(codes[0], load(y)),
+                                               _mm256_maddubs_epi16(codes[1], load(y + 64)));
+        const __m256i back = _mm256_add_epi16(_mm256_maddubs_epi16(codes[2], load(y + 128)),
+                                              _mm256_maddubs_epi16(codes[3], load(y + 192)));
+        const __m256i dot = _mm256_add_epi32(_mm256_add_epi32(load(rows[r] + at + 320 + 32 * h), widen(front)),
+                                             widen(back));
+        const __m256 lanes = _mm256_loadu_ps(reinterpret_cast<const float*>(rows[r] + at + 256 + 32 * h));
+        acc[r] = _mm256_fmadd_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(dot), scales), lanes, acc[r]);
+      }
+    }
+  }
+  for (int r = 0; r < R; ++r) result[r] = hsum(acc[r]);
+}
+
+// Q4_0_LANES and Q5_0_LANES: weight = d * (code - 8) and d * (code - 16); half h of each vector is blocks 2 h, 2 h + 1.
+template <int R, bool kFifth>
+void small_lanes(const uint8_t* w, const Activations& a, int64_t row0, float* result) {
+  constexpr int64_t bytes = kFifth ? 88 : 72;
+  const int64_t units = a.k / 128;
+  const __m256i nibble = _mm256_set1_epi8(0x0F), sixteen = _mm256_set1_epi8(0x10);
+  const __m256i spread = _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 2, 2, 2, 2, 2, 2, 3, 3,
+                                          3, 3, 3, 3, 3, 3);
+  const __m256i bit = _mm256_set1_epi64x(0x8040201008040201LL);
+  __m256 acc[R];
+  for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
+  const int8_t* rows[R];
+  packed_rows<R>(a, row0, rows);
+  for (int64_t u = 0; u < units; ++u) {
+    const uint8_t* unit = w + u * bytes;
+    prefetch(unit, bytes);
+    const int64_t at = u * (128 + kUnitExtra);
+    const __m128 d4 = _mm_cvtph_ps(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(unit + bytes - 8)));
+    const __m256 halves[2] = {_mm256_set_m128(_mm_shuffle_ps(d4, d4, 0x55), _mm_shuffle_ps(d4, d4, 0x00)),
+                              _mm256_set_m128(_mm_shuffle_ps(d4, d4, 0xFF), _mm_shuffle_ps(d4, d4, 0xAA))};
+#pragma GCC unroll 1
+    for (int h = 0; h < 2; ++h) {
+      const __m256i low = load(unit + 32 * h);
+      __m256i codes[2] = {_mm256_and_si256(low, nibble), _mm256_and_si256(_mm256_srli_epi16(low, 4), nibble)};
+      if (kFifth) {
+        for (int t = 0; t < 2; ++t) {
+          uint32_t fifth;
+          std::memcpy(&fifth, unit + 64 + 8 * t + 4 * h, 4);
+          const __m256i bits = _mm256_and_si256(_mm256_shuffle_epi8(_mm256_set1_epi32(static_cast<int>(fifth)), spread), bit);
+          codes[t] = _mm256_or_si256(codes[t], _mm256_and_si256(_mm256_cmpeq_epi8(bits, bit), sixteen));
+        }
+      }
+      const __m256 scales = halves[h];  // block 2 h's d in the low 4 lanes, 2 h + 1's in the high
+      for (int r = 0; r < R; ++r) {
+        const int8_t* y = rows[r] + at + 32 * h;
+        const __m256i pairs = _mm256_add_epi16(_mm256_maddubs_epi16(codes[0], load(y)),
+                                               _mm256_maddubs_epi16(codes[1], load(y + 64)));
+        const __m256i dot = _mm256_add_epi32(load(rows[r] + at + 192 + 32 * h), widen(pairs));
+        const __m256 lanes = _mm256_loadu_ps(reinterpret_cast<const float*>(rows[r] + at + 128 + 32 * h));
+        acc[r] = _mm256_fmadd_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(dot), scales), lanes, acc[r]);
+      }
+    }
+  }
+  for (int r = 0; r < R; ++r) result[r] = hsum(acc[r]);
+}
+
 template <int R>
 void rows(int64_t type, const uint8_t* w, const Activations& a, int64_t row0, float* result) {
   switch (type) {
@@ -247,38 +408,47 @@ void rows(int64_t type, const uint8_t* w, const Activations& a, int64_t row0, fl
     case Q6_K: q6_k<R>(w, a, row0, result); break;
     case Q8_0: q8_0<R>(w, a, row0, result); break;
     case Q5_0: q5_0<R, true>(w, a, row0, result); break;
+    case Q4_K_LANES: q4_k_lanes<R>(w, a, row0, result); break;
+    case Q6_K_LANES: q6_k_lanes<R>(w, a, row0, result); break;
+    case Q4_0_LANES: small_lanes<R, false>(w, a, row0, result); break;
+    case Q5_0_LANES: small_lanes<R, true>(w, a, row0, result); break;
   }
+}
+
+template <int R>
+int64_t tile(int64_t type, const uint8_t* weights, const Activations& a, int64_t m, int64_t end, float add, float* out,
+             int64_t n_out, int64_t n) {
+  float result[R];
+  for (; m + R <= end; m += R) {
+    rows<R>(type, weights, a, m, result);
+    for (int r = 0; r < R; ++r) out[(m + r) * n_out + n] = result[r] + add;
+  }
+  return m;
 }
 
 void matmul(int64_t type, const uint8_t* w, int64_t row_bytes, const Activations& a, int64_t row0, int64_t count,
             const float* bias, float* out, int64_t n_out, int64_t n0, int64_t n1) {
-  float result[4];
+  const int64_t end = row0 + count;
   for (int64_t n = n0; n < n1; ++n) {
     const uint8_t* weights = w + n * row_bytes;
     const float add = bias ? bias[n] : 0.0f;
-    int64_t m = row0;
-    for (; m + 4 <= row0 + count; m += 4) {
-      rows<4>(type, weights, a, m, result);
-      for (int r = 0; r < 4; ++r) out[(m + r) * n_out + n] = result[r] + add;
-    }
-    if (m + 2 <= row0 + count) {
-      rows<2>(type, weights, a, m, result);
-      for (int r = 0; r < 2; ++r) out[(m + r) * n_out + n] = result[r] + add;
-      m += 2;
-    }
-    for (; m < row0 + count; ++m) {
-      rows<1>(type, weights, a, m, result);
-      out[m * n_out + n] = result[0] + add;
-    }
+    int64_t m = lanes(type) ? tile<8>(type, weights, a, row0, end, add, out, n_out, n) : row0;
+    m = tile<4>(type, weights, a, m, end, add, out, n_out, n);
+    m = tile<2>(type, weights, a, m, end, add, out, n_out, n);
+    tile<1>(type, weights, a, m, end, add, out, n_out, n);
   }
 }
 
-bool takes(int64_t type, int64_t) { return !is_packed(type); }
-int64_t layout(int64_t type, int64_t, int64_t) { return type; }
+bool takes(int64_t type, int64_t) { return !is_packed(type) || lanes(type); }
+
+int64_t layout(int64_t type, int64_t k, int64_t) {
+  const bool whole = type == Q4_K || type == Q6_K || ((type == Q4_0 || type == Q5_0) && k % 128 == 0);
+  return whole ? type + 256 : type;
+}
 
 }  // namespace
 
-const Kernels kernels = {"avx2", false, 1, takes, layout, quantize, matmul};
+const Kernels kernels = {"avx2", lanes, 1, takes, layout, quantize, matmul};
 
 }  // namespace avx2
 }  // namespace specchat

@@ -30,21 +30,10 @@ inline void prefetch(const uint8_t* p, int64_t bytes) {
   for (int64_t line = 0; line < bytes; line += 64) _mm_prefetch(reinterpret_cast<const char*>(p + ahead + line), _MM_HINT_T0);
 }
 
-// What the integer sum of a lane starts from: minus the codes' offset times the lane's activations (Q6_K's 32,
-// Q4_0's 8, Q5_0's 16, Q8_0's 128 from its codes stored plus 128 as unsigned bytes); Q4_K's mins are scaled by the
-// block.
-int offset_of(int64_t type) {
-  type = file_type(type);
-  return type == Q6_K ? 32 : type == Q4_0 ? 8 : type == Q5_0 ? 16 : type == Q8_0 ? 128 : 0;
-}
-
-// Per row: per 32 values one scale (max |x| / 127) and int8 values; per unit the values in the type's order, then per
-// lane the group's scale and the lane's offset (the int32 start of its sum); for Q4_K per group its scale and the float
-// sum of its values.
+// Per row: per 32 values one scale (max |x| / 127) and int8 values, then packed as the kernels read them
+// (pack_activations).
 void quantize(int64_t type, const float* x, int64_t row0, int64_t rows, const Activations& a) {
-  const LaneOrder& order = lane_order(type);
-  const int64_t groups = a.k / 32, units = a.k / order.unit;
-  const int offset = offset_of(type);
+  const int64_t groups = a.k / 32;
   std::vector<int8_t> natural(static_cast<size_t>(a.k));
   std::vector<float> scale(static_cast<size_t>(groups));
   for (int64_t m = row0; m < row0 + rows; ++m) {
@@ -62,26 +51,7 @@ void quantize(int64_t type, const float* x, int64_t row0, int64_t rows, const Ac
         _mm_storeu_si128(reinterpret_cast<__m128i*>(natural.data() + g * 32 + 16 * h), _mm512_cvtepi32_epi8(v));
       }
     }
-    auto* row = const_cast<int8_t*>(a.packed) + m * a.row_stride;
-    for (int64_t u = 0; u < units; ++u) {
-      const int8_t* in = natural.data() + u * order.unit;
-      int8_t* out = row + u * (order.unit + kUnitExtra);
-      for (int64_t p = 0; p < order.unit; ++p) out[p] = in[order.element[p]];
-      float lane_scale[kLanes];
-      int32_t lane_offset[kLanes];
-      for (int lane = 0; lane < kLanes; ++lane) {
-        int sum = 0;
-        for (int64_t t = 0; t < order.vectors; ++t)
-          for (int e = 0; e < 4; ++e) sum += out[64 * t + 4 * lane + e];
-        lane_scale[lane] = scale[u * order.unit / 32 + order.group[lane]];
-        lane_offset[lane] = file_type(type) == Q4_K ? sum : -offset * sum;
-      }
-      if (file_type(type) == Q4_K) {  // per group (lanes g and g + 8): 8 scales, then the float sums of its values
-        for (int g = 0; g < 8; ++g) lane_scale[8 + g] = static_cast<float>(lane_offset[g] + lane_offset[g + 8]);
-      }
-      std::memcpy(out + order.unit, lane_scale, sizeof lane_scale);
-      std::memcpy(out + order.unit + 64, lane_offset, sizeof lane_offset);
-    }
+    pack_activations(type, natural.data(), scale.data(), const_cast<int8_t*>(a.packed) + m * a.row_stride, a.k);
   }
 }
 
@@ -263,9 +233,11 @@ int64_t layout(int64_t type, int64_t k, int64_t) {
   return whole ? type + 256 : type;
 }
 
+bool packed(int64_t) { return true; }
+
 }  // namespace
 
-const Kernels kernels = {"avx512-vnni", true, 1, takes, layout, quantize, matmul};
+const Kernels kernels = {"avx512-vnni", packed, 1, takes, layout, quantize, matmul};
 
 }  // namespace avx512
 }  // namespace specchat

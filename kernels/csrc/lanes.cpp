@@ -94,6 +94,32 @@ const LaneOrder& lane_order(int64_t type) {
   return type == Q4_K ? q4_k : type == Q6_K ? q6_k : q8;
 }
 
+void pack_activations(int64_t type, const int8_t* natural, const float* scale, int8_t* row, int64_t k) {
+  const LaneOrder& order = lane_order(type);
+  const bool q4_k = file_type(type) == Q4_K;
+  const int offset = file_type(type) == Q6_K ? 32 : file_type(type) == Q4_0 ? 8 : file_type(type) == Q5_0 ? 16
+                                                                                  : file_type(type) == Q8_0 ? 128 : 0;
+  for (int64_t u = 0; u < k / order.unit; ++u) {
+    const int8_t* in = natural + u * order.unit;
+    int8_t* out = row + u * (order.unit + kUnitExtra);
+    for (int64_t p = 0; p < order.unit; ++p) out[p] = in[order.element[p]];
+    float lane_scale[kLanes];
+    int32_t lane_offset[kLanes];
+    for (int lane = 0; lane < kLanes; ++lane) {
+      int sum = 0;
+      for (int64_t t = 0; t < order.vectors; ++t)
+        for (int e = 0; e < 4; ++e) sum += out[64 * t + 4 * lane + e];
+      lane_scale[lane] = scale[u * order.unit / 32 + order.group[lane]];
+      lane_offset[lane] = q4_k ? sum : -offset * sum;
+    }
+    if (q4_k) {  // per group (lanes g and g + 8): 8 scales, then the float sums of its values
+      for (int g = 0; g < 8; ++g) lane_scale[8 + g] = static_cast<float>(lane_offset[g] + lane_offset[g + 8]);
+    }
+    std::memcpy(out + order.unit, lane_scale, sizeof lane_scale);
+    std::memcpy(out + order.unit + 64, lane_offset, sizeof lane_offset);
+  }
+}
+
 namespace {
 
 void pack_k_quants(int64_t type, const uint8_t* in, uint8_t* out, int64_t blocks) {

@@ -29,6 +29,11 @@ const LaneOrder& lane_order(int64_t type);  // type: a file type or its packed t
 // element[64 t + j]; the four fp16 scales. Q5_0_LANES (88 bytes): the low 4 bits of element[j] in the low nibble of
 // byte j and of element[64 + j] in its high; 8 bytes whose bit j is element[j]'s fifth bit, 8 for element[64 + j];
 // the four fp16 scales. Q4_0_LANES (72 bytes): the 4-bit codes as Q5_0_LANES's low bits; the four fp16 scales.
+// One row's k int8 values in order and their scales (one per 32) as the packed kernels read them (Activations::packed):
+// per unit the values in the type's lane order, then per lane the group's scale and the int32 its sum starts from
+// (minus the codes' offset times the lane's values: Q6_K's 32, Q4_0's 8, Q5_0's 16, Q8_0's 128 from its codes stored
+// plus 128); for Q4_K the 8 group scales, then the float sums of each group's values.
+void pack_activations(int64_t type, const int8_t* natural, const float* scale, int8_t* row, int64_t k);
 inline bool is_packed(int64_t type) { return type > 256; }
 inline bool is_tiled(int64_t type) { return type > 512; }
 inline int64_t file_type(int64_t type) { return type % 256; }

@@ -113,7 +113,7 @@ at::Tensor gguf_mm(const at::Tensor& x, const at::Tensor& w, int64_t type, int64
   }
   const at::Tensor input = x.contiguous();
   const int64_t group = 32;  // one activation scale per 32 values, for every format (docs/kernels.md: accuracy)
-  const int64_t plain = kernels->packed ? 0 : rows;  // only what the chosen kernels read is allocated
+  const int64_t plain = kernels->packed(type) ? 0 : rows;  // only what the chosen kernels read is allocated
   at::Tensor q = at::empty({plain, k}, x.options().dtype(at::kChar));
   at::Tensor d = at::empty({plain, k / group}, x.options());
   at::Tensor s = at::empty({plain, k / 16}, x.options().dtype(at::kShort));
