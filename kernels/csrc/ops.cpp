@@ -113,13 +113,20 @@ at::Tensor gguf_mm(const at::Tensor& x, const at::Tensor& w, int64_t type, int64
   }
   const at::Tensor input = x.contiguous();
   const int64_t group = 32;  // one activation scale per 32 values, for every format (docs/kernels.md: accuracy)
-  const int64_t plain = kernels->packed(type) ? 0 : rows;  // only what the chosen kernels read is allocated
-  at::Tensor q = at::empty({plain, k}, x.options().dtype(at::kChar));
-  at::Tensor d = at::empty({plain, k / group}, x.options());
-  at::Tensor s = at::empty({plain, k / 16}, x.options().dtype(at::kShort));
-  at::Tensor packed = at::empty({rows - plain, 2 * k}, x.options().dtype(at::kChar));
-  const Activations a{q.data_ptr<int8_t>(), d.data_ptr<float>(), s.data_ptr<int16_t>(), packed.data_ptr<int8_t>(), k,
-                      group, 2 * k};
+  // The rounded activations: only what the chosen kernels read, in this thread's scratch, kept between calls (a step
+  // makes hundreds of them) up to a verify's size; a prefill's is freed after it.
+  const int64_t plain = kernels->packed(type) ? 0 : rows;
+  const int64_t q_bytes = plain * k, d_bytes = plain * (k / group) * 4, s_bytes = plain * (k / 16) * 2;
+  constexpr size_t kKept = size_t{1} << 20;
+  thread_local std::vector<int8_t> scratch;
+  std::vector<int8_t> once;
+  const size_t needed = static_cast<size_t>(q_bytes + d_bytes + s_bytes + (rows - plain) * 2 * k + 64);
+  std::vector<int8_t>& buffer = needed <= kKept ? scratch : once;
+  if (buffer.size() < needed) buffer.resize(needed);
+  int8_t* base = buffer.data() + (64 - reinterpret_cast<uintptr_t>(buffer.data()) % 64) % 64;
+  const Activations a{base + d_bytes + s_bytes, reinterpret_cast<const float*>(base),
+                      reinterpret_cast<const int16_t*>(base + d_bytes), base + d_bytes + s_bytes + q_bytes, k, group,
+                      2 * k};
   at::Tensor out = at::empty({rows, n_out}, x.options());
   const float* x_data = input.data_ptr<float>();
   at::parallel_for(0, rows, 1, [&](int64_t begin, int64_t end) { kernels->quantize(type, x_data, begin, end - begin, a); });
