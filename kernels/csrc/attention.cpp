@@ -23,38 +23,47 @@ float lane_sum(__m256 x) {
   return ((lanes[0] + lanes[4]) + (lanes[1] + lanes[5])) + ((lanes[2] + lanes[6]) + (lanes[3] + lanes[7]));
 }
 
-// q . k over n values: one 8-wide chain of multiply-adds in order, its lanes summed as lane_sum does (n a multiple
-// of 8; the scalar tail otherwise).
+// q . k over n values: two 8-wide chains (values 16 i.. and 16 i + 8..), added, their lanes summed by lane_sum.
 float dot(const float* a, const float* b, int64_t n) {
-  __m256 sum = _mm256_setzero_ps();
+  __m256 low = _mm256_setzero_ps(), high = _mm256_setzero_ps();
   int64_t i = 0;
-  for (; i + 8 <= n; i += 8) sum = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), sum);
-  float total = lane_sum(sum);
-  for (; i < n; ++i) total += a[i] * b[i];
-  return total;
+  for (; i + 16 <= n; i += 16) {
+    low = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), low);
+    high = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 8), _mm256_loadu_ps(b + i + 8), high);
+  }
+  for (; i + 8 <= n; i += 8) low = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), low);
+  float sum = lane_sum(_mm256_add_ps(low, high));
+  for (; i < n; ++i) sum += a[i] * b[i];
+  return sum;
 }
 
-// out[j] = dot(q, keys[j], n) for 8 keys at once, with the same steps for each (n a multiple of 8): eight chains in
-// flight instead of one, and their lanes summed together in lane_sum's order.
-void dot8(const float* q, const float* const* keys, int64_t n, float* out) {
-  __m256 sums[8];
-  for (int j = 0; j < 8; ++j) sums[j] = _mm256_setzero_ps();
-  for (int64_t i = 0; i < n; i += 8) {
-    const __m256 x = _mm256_loadu_ps(q + i);
-    for (int j = 0; j < 8; ++j) sums[j] = _mm256_fmadd_ps(x, _mm256_loadu_ps(keys[j] + i), sums[j]);
+// out[j] = dot(q, keys[j], n) for 4 keys at once, by the same steps (n a multiple of 16): eight chains in flight
+// instead of two, and the four keys' lanes summed together in lane_sum's order.
+void dot4(const float* q, const float* const* keys, int64_t n, float* out) {
+  __m256 low[4], high[4];
+  for (int j = 0; j < 4; ++j) low[j] = high[j] = _mm256_setzero_ps();
+  for (int64_t i = 0; i < n; i += 16) {
+    const __m256 x = _mm256_loadu_ps(q + i), y = _mm256_loadu_ps(q + i + 8);
+    for (int j = 0; j < 4; ++j) {
+      low[j] = _mm256_fmadd_ps(x, _mm256_loadu_ps(keys[j] + i), low[j]);
+      high[j] = _mm256_fmadd_ps(y, _mm256_loadu_ps(keys[j] + i + 8), high[j]);
+    }
   }
-  __m256 halves[4];  // key 2 p's lanes l + (l + 4) in the low 128 bits, key 2 p + 1's in the high
-  for (int p = 0; p < 4; ++p)
-    halves[p] = _mm256_add_ps(_mm256_permute2f128_ps(sums[2 * p], sums[2 * p + 1], 0x20),
-                              _mm256_permute2f128_ps(sums[2 * p], sums[2 * p + 1], 0x31));
-  // (0 + 4) + (1 + 5) and (2 + 6) + (3 + 7), then their sum: keys 0, 2, 4, 6 in the low half, 1, 3, 5, 7 in the high
-  const __m256 total = _mm256_hadd_ps(_mm256_hadd_ps(halves[0], halves[1]), _mm256_hadd_ps(halves[2], halves[3]));
+  __m256 sums[4];
+  for (int j = 0; j < 4; ++j) sums[j] = _mm256_add_ps(low[j], high[j]);
+  // lanes l + (l + 4): keys 0 and 1, then 2 and 3, each key in one 128-bit half
+  const __m256 first = _mm256_add_ps(_mm256_permute2f128_ps(sums[0], sums[1], 0x20),
+                                     _mm256_permute2f128_ps(sums[0], sums[1], 0x31));
+  const __m256 second = _mm256_add_ps(_mm256_permute2f128_ps(sums[2], sums[3], 0x20),
+                                      _mm256_permute2f128_ps(sums[2], sums[3], 0x31));
+  // (0 + 4) + (1 + 5) and (2 + 6) + (3 + 7), then their sum: keys 0, 2 in the low half, 1, 3 in the high
+  const __m256 pairs = _mm256_hadd_ps(first, second);
   alignas(32) float lanes[8];
-  _mm256_store_ps(lanes, total);
-  for (int j = 0; j < 4; ++j) {
-    out[2 * j] = lanes[j];
-    out[2 * j + 1] = lanes[4 + j];
-  }
+  _mm256_store_ps(lanes, _mm256_hadd_ps(pairs, pairs));
+  out[0] = lanes[0];
+  out[1] = lanes[4];
+  out[2] = lanes[1];
+  out[3] = lanes[5];
 }
 
 // exp for x <= 0 (a score less the row's largest), Cephes' polynomial: within 2 ulp of exp, and below
@@ -177,14 +186,14 @@ at::Tensor row_attention(const at::Tensor& query, const at::Tensor& key, const a
       for (int64_t c = 0; c < per_unit * value_width; ++c) oi[c] = 0.0f;
       if (count == 0) continue;
       int64_t n = 0;
-      if (width % 8 == 0) {  // key rows 8 at a time (4 KB of a 128-wide head, from L1 for every head of the unit)
-        const float* block8[8];
-        float scores[8];
-        for (; n + 8 <= count; n += 8) {
-          for (int j = 0; j < 8; ++j) block8[j] = kh + keys[n + j] * width;
+      if (width % 16 == 0) {  // key rows 4 at a time (from L1 for every head of the unit)
+        const float* block4[4];
+        float scores[4];
+        for (; n + 4 <= count; n += 4) {
+          for (int j = 0; j < 4; ++j) block4[j] = kh + keys[n + j] * width;
           for (int64_t h = 0; h < per_unit; ++h) {
-            dot8(qd + ((b * heads + first + h) * rows + i) * width, block8, width, scores);
-            for (int j = 0; j < 8; ++j) weights[h * length + n + j] = scores[j] * scale;
+            dot4(qd + ((b * heads + first + h) * rows + i) * width, block4, width, scores);
+            for (int j = 0; j < 4; ++j) weights[h * length + n + j] = scores[j] * scale;
           }
         }
       }
