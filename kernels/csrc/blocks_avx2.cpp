@@ -8,32 +8,13 @@
 
 #include "blocks.h"
 #include "lanes.h"
+#include "shared.h"
 
 namespace specchat {
 namespace avx2 {
 namespace {
 
-inline float half(const uint8_t* p) {
-  uint16_t h;
-  std::memcpy(&h, p, 2);
-  return _cvtsh_ss(h);
-}
-
-inline float hsum(__m256 v) {
-  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-  s = _mm_add_ss(s, _mm_movehdup_ps(s));
-  return _mm_cvtss_f32(s);
-}
-
 inline __m256i load(const void* p) { return _mm256_loadu_si256(static_cast<const __m256i*>(p)); }
-
-// The weights stream from memory once: ask for the cache lines of the blocks `ahead` bytes on, which the hardware
-// prefetcher alone brings too late while the dot products run.
-inline void prefetch(const uint8_t* p, int64_t bytes) {
-  constexpr int64_t ahead = 1024;
-  for (int64_t line = 0; line < bytes; line += 64) _mm_prefetch(reinterpret_cast<const char*>(p + ahead + line), _MM_HINT_T0);
-}
 
 // Shuffle masks: int16 lane i of a 128-bit half in every lane (`word`); in the low half lane i, in the high half
 // lane i + 1 (`word_pair`: two scales, one per 16 weights of a maddubs product).
@@ -147,7 +128,7 @@ void q4_k(const uint8_t* w, const Activations& a, int64_t row0, float* result) {
       acc[r] = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(mins), dmin_y, acc[r]);
     }
   }
-  for (int r = 0; r < R; ++r) result[r] = hsum(acc[r]);
+  for (int r = 0; r < R; ++r) result[r] = sum8(acc[r]);
 }
 
 // Q6_K: 256 weights, 128 bytes of low 4 bits, 64 bytes of high 2 bits, 16 int8 scales (one per 16), fp16 d;
@@ -195,7 +176,7 @@ void q6_k(const uint8_t* w, const Activations& a, int64_t row0, float* result) {
       acc[r] = _mm256_fmadd_ps(sum[r], d, acc[r]);
     }
   }
-  for (int r = 0; r < R; ++r) result[r] = hsum(acc[r]);
+  for (int r = 0; r < R; ++r) result[r] = sum8(acc[r]);
 }
 
 // Q8_0: 32 weights, fp16 d, 32 int8 codes; weight = d * code.
@@ -217,7 +198,7 @@ void q8_0(const uint8_t* w, const Activations& a, int64_t row0, float* result) {
       acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), _mm256_set1_ps(d * a.d[(row0 + r) * blocks + b]), acc[r]);
     }
   }
-  for (int r = 0; r < R; ++r) result[r] = hsum(acc[r]);
+  for (int r = 0; r < R; ++r) result[r] = sum8(acc[r]);
 }
 
 // Q5_0: 32 weights, fp16 d, 32 high bits, 16 bytes of low 4 bits; weight = d * (code - 16). Q4_0 (kFifth false):
@@ -255,7 +236,7 @@ void q5_0(const uint8_t* w, const Activations& a, int64_t row0, float* result) {
       acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), _mm256_set1_ps(d * a.d[row * blocks + b]), acc[r]);
     }
   }
-  for (int r = 0; r < R; ++r) result[r] = hsum(acc[r]);
+  for (int r = 0; r < R; ++r) result[r] = sum8(acc[r]);
 }
 
 // The packed layouts (lanes.h), read as the AVX-512 kernels read them, each 64-byte vector as two halves of 8 int32
@@ -263,11 +244,6 @@ void q5_0(const uint8_t* w, const Activations& a, int64_t row0, float* result) {
 // 16 products of 15 x 127; Q6_K's below 64: 8 products), then widened once: a unit costs a row about half the
 // instructions of converting every group's sum.
 inline __m256i widen(__m256i pairs) { return _mm256_madd_epi16(pairs, _mm256_set1_epi16(1)); }
-
-template <int R>
-void packed_rows(const Activations& a, int64_t row0, const int8_t* (&rows)[R]) {
-  for (int r = 0; r < R; ++r) rows[r] = a.packed + (row0 + r) * a.row_stride;
-}
 
 // Q4_K_LANES: lanes g and g + 8 are group g, so both halves of a vector add into the same 8 groups; the float steps
 // are the AVX-512 kernel's, in its order.
@@ -295,21 +271,10 @@ void q4_k_lanes(const uint8_t* w, const Activations& a, int64_t row0, float* res
         pairs[r] = _mm256_add_epi16(pairs[r], _mm256_maddubs_epi16(high, load(rows[r] + first + 64)));
       }
     }
-    int32_t d_dmin;
-    std::memcpy(&d_dmin, block + 144, 4);
-    const __m128 d = _mm_cvtph_ps(_mm_cvtsi32_si128(d_dmin));
-    const __m256 scales = _mm256_mul_ps(_mm256_broadcastss_ps(d), _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(
-                                            _mm_loadl_epi64(reinterpret_cast<const __m128i*>(block + 128)))));
-    const __m256 mins = _mm256_mul_ps(_mm256_broadcastss_ps(_mm_movehdup_ps(d)), _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(
-                                          _mm_loadl_epi64(reinterpret_cast<const __m128i*>(block + 136)))));
-    for (int r = 0; r < R; ++r) {
-      const float* groups = reinterpret_cast<const float*>(rows[r] + at + 256);
-      const __m256 value = _mm256_fnmadd_ps(_mm256_loadu_ps(groups + 8), mins,
-                                            _mm256_mul_ps(_mm256_cvtepi32_ps(widen(pairs[r])), scales));
-      acc[r] = _mm256_fmadd_ps(value, _mm256_loadu_ps(groups), acc[r]);
-    }
+    const Q4KLaneScales scales(block);
+    for (int r = 0; r < R; ++r) acc[r] = scales.step(acc[r], widen(pairs[r]), rows[r] + at + 256);
   }
-  for (int r = 0; r < R; ++r) result[r] = hsum(acc[r]);
+  for (int r = 0; r < R; ++r) result[r] = sum8(acc[r]);
 }
 
 // Q6_K_LANES: weight = d * scale * (code - 32); half h of each vector is lanes 8 h..8 h + 7, each a sub-block of 16.
@@ -351,7 +316,7 @@ void q6_k_lanes(const uint8_t* w, const Activations& a, int64_t row0, float* res
       }
     }
   }
-  for (int r = 0; r < R; ++r) result[r] = hsum(acc[r]);
+  for (int r = 0; r < R; ++r) result[r] = sum8(acc[r]);
 }
 
 // Q4_0_LANES and Q5_0_LANES: weight = d * (code - 8) and d * (code - 16); half h of each vector is blocks 2 h, 2 h + 1.
@@ -397,7 +362,7 @@ void small_lanes(const uint8_t* w, const Activations& a, int64_t row0, float* re
       }
     }
   }
-  for (int r = 0; r < R; ++r) result[r] = hsum(acc[r]);
+  for (int r = 0; r < R; ++r) result[r] = sum8(acc[r]);
 }
 
 template <int R>
@@ -415,27 +380,16 @@ void rows(int64_t type, const uint8_t* w, const Activations& a, int64_t row0, fl
   }
 }
 
-template <int R>
-int64_t tile(int64_t type, const uint8_t* weights, const Activations& a, int64_t m, int64_t end, float add, float* out,
-             int64_t n_out, int64_t n) {
-  float result[R];
-  for (; m + R <= end; m += R) {
-    rows<R>(type, weights, a, m, result);
-    for (int r = 0; r < R; ++r) out[(m + r) * n_out + n] = result[r] + add;
-  }
-  return m;
-}
-
 void matmul(int64_t type, const uint8_t* w, int64_t row_bytes, const Activations& a, int64_t row0, int64_t count,
             const float* bias, float* out, int64_t n_out, int64_t n0, int64_t n1) {
   const int64_t end = row0 + count;
   for (int64_t n = n0; n < n1; ++n) {
     const uint8_t* weights = w + n * row_bytes;
     const float add = bias ? bias[n] : 0.0f;
-    int64_t m = lanes(type) ? tile<8>(type, weights, a, row0, end, add, out, n_out, n) : row0;
-    m = tile<4>(type, weights, a, m, end, add, out, n_out, n);
-    m = tile<2>(type, weights, a, m, end, add, out, n_out, n);
-    tile<1>(type, weights, a, m, end, add, out, n_out, n);
+    int64_t m = lanes(type) ? tile<8, rows<8>>(type, weights, a, row0, end, add, out, n_out, n) : row0;
+    m = tile<4, rows<4>>(type, weights, a, m, end, add, out, n_out, n);
+    m = tile<2, rows<2>>(type, weights, a, m, end, add, out, n_out, n);
+    tile<1, rows<1>>(type, weights, a, m, end, add, out, n_out, n);
   }
 }
 

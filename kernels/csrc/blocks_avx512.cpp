@@ -12,23 +12,13 @@
 
 #include "blocks.h"
 #include "lanes.h"
+#include "shared.h"
 
 namespace specchat {
 namespace avx512 {
 namespace {
 
-inline float half(const uint8_t* p) {
-  uint16_t h;
-  std::memcpy(&h, p, 2);
-  return _cvtsh_ss(h);
-}
-
 inline __m512i load(const void* p) { return _mm512_loadu_si512(p); }
-
-inline void prefetch(const uint8_t* p, int64_t bytes) {
-  constexpr int64_t ahead = 1024;
-  for (int64_t line = 0; line < bytes; line += 64) _mm_prefetch(reinterpret_cast<const char*>(p + ahead + line), _MM_HINT_T0);
-}
 
 // Per row: per 32 values one scale (max |x| / 127) and int8 values, then packed as the kernels read them
 // (pack_activations).
@@ -55,19 +45,6 @@ void quantize(int64_t type, const float* x, int64_t row0, int64_t rows, const Ac
   }
 }
 
-// The packed activations of rows [row0, row0 + R): each row's first unit.
-template <int R>
-void row_starts(const Activations& a, int64_t row0, const int8_t* (&rows)[R]) {
-  for (int r = 0; r < R; ++r) rows[r] = a.packed + (row0 + r) * a.row_stride;
-}
-
-// The sum of a vector's 8 floats, in one fixed order.
-inline float sum8(__m256 v) {
-  __m128 x = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  x = _mm_add_ps(x, _mm_movehl_ps(x, x));
-  return _mm_cvtss_f32(_mm_add_ss(x, _mm_movehdup_ps(x)));
-}
-
 // Q4_K_LANES (lanes.h): weight = d * scale * code - dmin * min. Lanes g and g + 8 are group g: their int32 sums are
 // added, and the float steps run on the 8 groups.
 template <int R>
@@ -77,17 +54,11 @@ void q4_k(const uint8_t* w, const Activations& a, int64_t row0, float* result) {
   __m256 acc[R];
   for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
   const int8_t* rows[R];
-  row_starts<R>(a, row0, rows);
+  packed_rows<R>(a, row0, rows);
   for (int64_t u = 0; u < units; ++u) {
     const uint8_t* block = w + u * 148;
     prefetch(block, 148);
-    int32_t d_dmin;
-    std::memcpy(&d_dmin, block + 144, 4);
-    const __m128 d = _mm_cvtph_ps(_mm_cvtsi32_si128(d_dmin));
-    const __m256 scales = _mm256_mul_ps(_mm256_broadcastss_ps(d), _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(
-                                            _mm_loadl_epi64(reinterpret_cast<const __m128i*>(block + 128)))));
-    const __m256 mins = _mm256_mul_ps(_mm256_broadcastss_ps(_mm_movehdup_ps(d)), _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(
-                                          _mm_loadl_epi64(reinterpret_cast<const __m128i*>(block + 136)))));
+    const Q4KLaneScales scales(block);
     const __m512i first = load(block), second = load(block + 64);
     const __m512i codes[4] = {_mm512_and_si512(first, nibble), _mm512_and_si512(_mm512_srli_epi16(first, 4), nibble),
                               _mm512_and_si512(second, nibble), _mm512_and_si512(_mm512_srli_epi16(second, 4), nibble)};
@@ -96,12 +67,9 @@ void q4_k(const uint8_t* w, const Activations& a, int64_t row0, float* result) {
     for (int r = 0; r < R; ++r) dot[r] = _mm512_dpbusd_epi32(_mm512_setzero_si512(), codes[0], load(rows[r] + at));
     for (int t = 1; t < 4; ++t)
       for (int r = 0; r < R; ++r) dot[r] = _mm512_dpbusd_epi32(dot[r], codes[t], load(rows[r] + at + 64 * t));
-    for (int r = 0; r < R; ++r) {
-      const float* groups = reinterpret_cast<const float*>(rows[r] + at + 256);
-      const __m256i sum = _mm256_add_epi32(_mm512_castsi512_si256(dot[r]), _mm512_extracti64x4_epi64(dot[r], 1));
-      const __m256 value = _mm256_fnmadd_ps(_mm256_loadu_ps(groups + 8), mins,
-                                            _mm256_mul_ps(_mm256_cvtepi32_ps(sum), scales));
-      acc[r] = _mm256_fmadd_ps(value, _mm256_loadu_ps(groups), acc[r]);
+    for (int r = 0; r < R; ++r) {  // lanes g and g + 8 added: group g
+      const __m256i sums = _mm256_add_epi32(_mm512_castsi512_si256(dot[r]), _mm512_extracti64x4_epi64(dot[r], 1));
+      acc[r] = scales.step(acc[r], sums, rows[r] + at + 256);
     }
   }
   for (int r = 0; r < R; ++r) result[r] = sum8(acc[r]);
@@ -115,7 +83,7 @@ void q6_k(const uint8_t* w, const Activations& a, int64_t row0, float* result) {
   __m512 acc[R];
   for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_ps();
   const int8_t* rows[R];
-  row_starts<R>(a, row0, rows);
+  packed_rows<R>(a, row0, rows);
   for (int64_t u = 0; u < units; ++u) {
     const uint8_t* block = w + u * 210;
     prefetch(block, 210);
@@ -155,7 +123,7 @@ void small_blocks(const uint8_t* w, const Activations& a, int64_t row0, float* r
   __m512 acc[R];
   for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_ps();
   const int8_t* rows[R];
-  row_starts<R>(a, row0, rows);
+  packed_rows<R>(a, row0, rows);
   for (int64_t u = 0; u < units; ++u) {
     const uint8_t* unit = w + u * bytes;
     prefetch(unit, bytes);
@@ -200,27 +168,16 @@ void rows(int64_t type, const uint8_t* w, const Activations& a, int64_t row0, fl
   }
 }
 
-template <int R>
-int64_t tile(int64_t type, const uint8_t* weights, const Activations& a, int64_t m, int64_t end, float add, float* out,
-             int64_t n_out, int64_t n) {
-  float result[R];
-  for (; m + R <= end; m += R) {
-    rows<R>(type, weights, a, m, result);
-    for (int r = 0; r < R; ++r) out[(m + r) * n_out + n] = result[r] + add;
-  }
-  return m;
-}
-
 void matmul(int64_t type, const uint8_t* w, int64_t row_bytes, const Activations& a, int64_t row0, int64_t count,
             const float* bias, float* out, int64_t n_out, int64_t n0, int64_t n1) {
   const int64_t end = row0 + count;
   for (int64_t n = n0; n < n1; ++n) {
     const uint8_t* weights = w + n * row_bytes;
     const float add = bias ? bias[n] : 0.0f;
-    int64_t m = tile<8>(type, weights, a, row0, end, add, out, n_out, n);
-    m = tile<4>(type, weights, a, m, end, add, out, n_out, n);
-    m = tile<2>(type, weights, a, m, end, add, out, n_out, n);
-    tile<1>(type, weights, a, m, end, add, out, n_out, n);
+    int64_t m = tile<8, rows<8>>(type, weights, a, row0, end, add, out, n_out, n);
+    m = tile<4, rows<4>>(type, weights, a, m, end, add, out, n_out, n);
+    m = tile<2, rows<2>>(type, weights, a, m, end, add, out, n_out, n);
+    tile<1, rows<1>>(type, weights, a, m, end, add, out, n_out, n);
   }
 }
 
