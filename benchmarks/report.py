@@ -113,6 +113,8 @@ def _ratio(a: float | None, b: float | None) -> float | None:
 def machine_description(device: torch.device, dtype: torch.dtype) -> dict:
     import transformers
 
+    import kernels
+
     try:
         import optimum.quanto as quanto
         quanto_version = getattr(quanto, "__version__", "installed")
@@ -123,6 +125,8 @@ def machine_description(device: torch.device, dtype: torch.dtype) -> dict:
         "cpu_count": os.cpu_count(),
         "torch_threads": torch.get_num_threads(),
         "torch": torch.__version__,
+        "torch_cpu_capability": torch.backends.cpu.get_cpu_capability(),
+        "kernels": kernels.isa() or None,  # the instruction set the project's kernels ran (--kernels)
         "transformers": transformers.__version__,
         "optimum_quanto": quanto_version,
         "python": platform.python_version(),
@@ -214,6 +218,13 @@ def shown_path(path: str, repo: Path = REPO) -> str:
     return path
 
 
+def _instruction_sets(machine: dict) -> str:
+    """", the project's kernels on avx2, torch's on AVX2" where the run recorded them (older results did not)."""
+    if not machine.get("kernels"):
+        return ""
+    return f"; the project's kernels on {machine['kernels']}, torch's on {machine.get('torch_cpu_capability', '?')}"
+
+
 def markdown(report: dict) -> str:
     m, c, summary = report["machine"], report["config"], report["summary"]
     costs = report["costs"]
@@ -223,7 +234,7 @@ def markdown(report: dict) -> str:
         "## Benchmark results",
         "",
         f"Measured {m['date']} on {m['cpu']} ({m['device']}, {m['torch_threads']} torch threads, {m['dtype']}), "
-        f"torch {m['torch']}, transformers {m['transformers']}.",
+        f"torch {m['torch']}, transformers {m['transformers']}{_instruction_sets(m)}.",
         f"Target `{c['target']}`, drafter `{c['drafter']}`{compiled}; {c['max_new_tokens']} new tokens at most, gamma "
         f"{c['gamma']}, {c['decoding']}; prompts `{shown_path(c['prompts'])}` ({counts}; every turn of multi-turn "
         "prompts measured).",

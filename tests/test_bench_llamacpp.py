@@ -4,7 +4,16 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks.llamacpp import LlamaCpp, missing_reason, parse_completion_log, parse_speculative_log, version
+import kernels
+from benchmarks.llamacpp import (
+    LlamaCpp,
+    binary,
+    build,
+    missing_reason,
+    parse_completion_log,
+    parse_speculative_log,
+    version,
+)
 from sampling.base import DecodeConfig
 from utils.logits_processor import make_processor
 
@@ -66,3 +75,17 @@ def test_unbuilt_binaries_name_the_setup_step(tmp_path):
     built.mkdir(parents=True)
     (built / "llama-completion").write_text("")
     assert missing_reason(tmp_path, "llamacpp") is None
+
+
+@pytest.mark.skipif("avx2" not in kernels.isas() or kernels.isas()[0] == "avx2",
+                    reason="needs a CPU that runs more than the AVX2 kernels")
+def test_our_avx2_kernels_are_compared_with_llamacpps_avx2_build(tmp_path):
+    try:
+        kernels.use("avx2")
+        assert build() == "avx2"
+        assert binary(tmp_path, "llamacpp").parent.parent.name == f"llama.cpp-{version()}-avx2"
+        assert "./setup.sh --llamacpp avx2" in missing_reason(tmp_path, "llamacpp")
+    finally:
+        kernels.use()
+    assert build() == ""
+    assert binary(tmp_path, "llamacpp").parent.parent.name == f"llama.cpp-{version()}"

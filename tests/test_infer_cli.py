@@ -38,7 +38,8 @@ def test_help_documents_every_flag(capsys):
                  "--strategy", "--gamma", "--max-new-tokens", "-n", "--temperature", "--top-k", "--top-p", "--seed",
                  "--system", "--no-chat", "--verbose", "--trust-remote-code", "--prompt", "--prompt-file", "--json",
                  "--alternatives", "--lookahead", "--draft-cumulative", "--verify-width", "--device-map",
-                 "--max-memory", "--drafter-device-map", "--drafter-max-memory", "--offload-dir", "--export"):
+                 "--max-memory", "--drafter-device-map", "--drafter-max-memory", "--offload-dir", "--export",
+                 "--kernels"):
         assert f"{flag} " in text or f"{flag}," in text, flag
     for name in STRATEGIES:
         assert name in text

@@ -5,15 +5,19 @@ from __future__ import annotations
 
 import contextlib
 import io
+import os
 
 import pytest
 from rich.console import Console
 
+import kernels
 from app.calibration import pair_key
-from app.startup import Prepared, Records, Said, compile_step, probe_and_calibrate, records_for
+from app.flags import hold_torch_to
+from app.startup import Prepared, Records, Said, compile_step, probe_and_calibrate, records_for, use_kernels
 from chat.app import ChatApp
 from chat.commands import Outcome, dispatch
 from chat.session import ChatSession, ChatSettings, ModelInfo
+from models.presets import ModelLoadError
 from sampling.settings import StrategySettings
 from tests.helpers import load_tiny_pair
 
@@ -107,3 +111,25 @@ def test_compile_step_is_skipped_unless_wanted_and_says_why_it_failed():
     assert compile_step(Failing(), False, report) is None and report.statuses == []
     assert compile_step(Failing(), True, report) is None
     assert report.lines == [(Said.PROBLEM, "the drafter runs uncompiled: RuntimeError: no compiler")]
+
+
+@pytest.mark.skipif(len(kernels.isas()) < 2, reason="needs a CPU that runs two sets of the kernels")
+def test_kernels_flag_runs_the_set_named_and_refuses_one_this_cpu_lacks():
+    try:
+        use_kernels(kernels.isas()[-1])
+        assert kernels.isa() == kernels.isas()[-1]
+        with pytest.raises(ModelLoadError, match=r"^--kernels neon: .*does not run neon kernels \(it runs: "):
+            use_kernels("neon")
+    finally:
+        kernels.use()
+
+
+def test_kernels_flag_holds_torch_to_the_same_instructions_unless_told(monkeypatch):
+    for name in ("ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA"):
+        monkeypatch.delenv(name, raising=False)
+    hold_torch_to("amx-int8")  # the best set: torch keeps its own best
+    hold_torch_to(None)
+    assert "ATEN_CPU_CAPABILITY" not in os.environ and "ONEDNN_MAX_CPU_ISA" not in os.environ
+    monkeypatch.setenv("ATEN_CPU_CAPABILITY", "default")
+    hold_torch_to("avx2")
+    assert (os.environ["ATEN_CPU_CAPABILITY"], os.environ["ONEDNN_MAX_CPU_ISA"]) == ("default", "AVX2")

@@ -39,8 +39,8 @@ def choose(config, cache_dir: Path) -> str:
     layer = shapes(config)
     key = {"cpu": cpu_model(), "flags": sorted(cpu_flags() & {"avx2", "avx512f", "avx512_vnni", "avx512_bf16",
                                                                "amx_int8", "amx_bf16"}),
-           "torch": torch.__version__, "kernels": kernels.build_id(), "threads": torch.get_num_threads(),
-           "shapes": layer}
+           "torch": torch.__version__, "kernels": kernels.build_id(), "isa": kernels.isa(),
+           "threads": torch.get_num_threads(), "shapes": layer}
     digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
     path = cache_dir / "calibration" / f"{digest}.formats.json"
     try:
