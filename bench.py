@@ -219,7 +219,7 @@ class Measured:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    hold_torch_to(args.kernels)  # before torch loads
+    hold_torch_to(args.kernels)  # before torch loads (and its inductor cache is chosen)
     if args.results_page:
         return write_results_page()
     out = args.out or Path("bench_results") / datetime.datetime.now().strftime("%Y%m%d-%H%M%S")

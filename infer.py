@@ -228,7 +228,7 @@ def make_settings(args: argparse.Namespace, chosen: Decoding, strategies: tuple[
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    hold_torch_to(args.kernels)  # before torch loads
+    hold_torch_to(args.kernels)  # before torch loads (and its inductor cache is chosen)
     one_shot = args.prompt is not None or args.prompt_file is not None
     # --json: stdout carries the JSON object only; the console, progress and stray prints go to stderr.
     console = Console(stderr=args.json, highlight=False)

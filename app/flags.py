@@ -9,7 +9,9 @@ torch, so that bad flags are refused, and --help answers, at once.
 from __future__ import annotations
 
 import argparse
+import getpass
 import os
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -30,11 +32,17 @@ TORCH_ISA = {"avx512-vnni": ("avx512", "AVX512_CORE_BF16"), "avx2": ("avx2", "AV
 
 def hold_torch_to(kernel_set: str | None) -> None:
     """Before torch loads: its CPU kernels and oneDNN's held to `kernel_set`'s instructions (--kernels), where the
-    environment does not already say."""
+    environment does not already say. Torch held to a capability compiles into an inductor cache of its own: the
+    shared one serves code vectorized for another instruction set, which then computes wrong values."""
     if kernel_set in TORCH_ISA:
         aten, onednn = TORCH_ISA[kernel_set]
         os.environ.setdefault("ATEN_CPU_CAPABILITY", aten)
         os.environ.setdefault("ONEDNN_MAX_CPU_ISA", onednn)
+    capability = os.environ.get("ATEN_CPU_CAPABILITY", "")
+    if capability.isalnum():
+        user = "".join(c if c.isalnum() else "_" for c in getpass.getuser())
+        os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR",
+                              os.path.join(tempfile.gettempdir(), f"torchinductor_{user}_{capability}"))
 
 
 class FlagError(Exception):

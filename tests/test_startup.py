@@ -125,11 +125,18 @@ def test_kernels_flag_runs_the_set_named_and_refuses_one_this_cpu_lacks():
 
 
 def test_kernels_flag_holds_torch_to_the_same_instructions_unless_told(monkeypatch):
-    for name in ("ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA"):
+    held = ("ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA", "TORCHINDUCTOR_CACHE_DIR")
+    for name in held:
         monkeypatch.delenv(name, raising=False)
-    hold_torch_to("amx-int8")  # the best set: torch keeps its own best
+    hold_torch_to("amx-int8")  # the best set: torch keeps its own best, and inductor its cache
     hold_torch_to(None)
-    assert "ATEN_CPU_CAPABILITY" not in os.environ and "ONEDNN_MAX_CPU_ISA" not in os.environ
-    monkeypatch.setenv("ATEN_CPU_CAPABILITY", "default")
+    assert not any(name in os.environ for name in held)
+    hold_torch_to("avx2")
+    assert (os.environ["ATEN_CPU_CAPABILITY"], os.environ["ONEDNN_MAX_CPU_ISA"]) == ("avx2", "AVX2")
+    assert os.environ["TORCHINDUCTOR_CACHE_DIR"].endswith("_avx2")
+    for name in held:
+        monkeypatch.delenv(name)
+    monkeypatch.setenv("ATEN_CPU_CAPABILITY", "default")  # the user's own capability: its own cache too
     hold_torch_to("avx2")
     assert (os.environ["ATEN_CPU_CAPABILITY"], os.environ["ONEDNN_MAX_CPU_ISA"]) == ("default", "AVX2")
+    assert os.environ["TORCHINDUCTOR_CACHE_DIR"].endswith("_default")
