@@ -38,9 +38,11 @@ class Yardstick:
     tokens: int
     threads: int
     measured: str  # when, ISO 8601
+    build: str = ""  # the instruction set it was built for where not this CPU's best ("avx2": --kernels avx2)
 
     def line(self) -> str:
-        return (f"llama.cpp, plain decoding of the same GGUF, timed on this machine ({self.threads} threads, "
+        build = f" (its {self.build.upper()} build)" if self.build else ""
+        return (f"llama.cpp{build}, plain decoding of the same GGUF, timed on this machine ({self.threads} threads, "
                 f"{self.tokens} tokens, {self.measured[:10]}): {self.tokens_per_second:.1f} tok/s")
 
     def versus(self, tokens_per_second: float) -> str:
@@ -71,7 +73,8 @@ def yardstick(cache_dir: Path, llamacpp: Contestant, again: bool = False) -> tup
         return None, False
     best = max(runs, key=lambda result: result.stats.tokens_per_second)
     made = Yardstick(round(best.stats.tokens_per_second, 2), best.stats.new_tokens, torch.get_num_threads(),
-                     datetime.datetime.now().astimezone().isoformat(timespec="seconds"))
+                     datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
+                     llamacpp.version.partition("-")[2])
     try:
         write_record(path, {"schema": SCHEMA, "key": key, "yardstick": asdict(made)})
     except OSError:  # a read-only cache dir: it still serves this run

@@ -9,6 +9,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+import kernels
 from app.yardstick import NEW_TOKENS, PROMPT, Yardstick, yardstick
 from benchmarks.llamacpp import binary, plain_run
 from chat.render import ComparisonRow, comparison_table
@@ -76,3 +77,17 @@ def test_the_comparison_names_it_with_the_fastest_rate_share():
     assert "llama.cpp" in str(table.caption) and "timed on this machine" in str(table.caption)
     assert "0.50× of it" in str(table.caption)
     assert "llama.cpp" not in str(comparison_table([ComparisonRow("autoregressive", slow)]).caption)
+
+
+@pytest.mark.skipif("avx2" not in kernels.isas() or kernels.isas()[0] == "avx2",
+                    reason="needs a CPU that runs more than the AVX2 kernels")
+def test_on_our_avx2_kernels_it_times_llamacpps_avx2_build_and_says_so(pair, tmp_path):
+    try:
+        kernels.use("avx2")
+        fake_llamacpp(tmp_path)  # where the AVX2 build goes
+        made, new = yardstick(tmp_path, plain_run(pair, tmp_path, PROMPT))
+    finally:
+        kernels.use()
+    assert new and made is not None and made.build == "avx2"
+    assert made.line().startswith("llama.cpp (its AVX2 build), plain decoding")
+    assert plain_run(pair, tmp_path, PROMPT) is None  # the native build is not there
