@@ -80,9 +80,9 @@ def test_a_row_has_the_same_bits_whatever_the_rows_beside_it_and_the_threads(isa
     if in_features % kernels.BLOCKS[block_type][1]:
         pytest.skip(f"{block_type} blocks do not fill {in_features} inputs")
     raw = torch.from_numpy(random_blocks(block_type, out_features, in_features, seed=3))
-    x = torch.randn(20, in_features, generator=torch.Generator().manual_seed(4))
+    x = torch.randn(290, in_features, generator=torch.Generator().manual_seed(4))  # prefill past 256 rows a call
     alone = torch.cat([kernels.matmul(x[i : i + 1], raw, block_type, out_features) for i in range(len(x))])
-    for rows in (2, 3, 4, 5, 8, 13, 16, 17, 20):
+    for rows in (2, 3, 4, 5, 8, 13, 16, 17, 20, 32, 37, 290):
         assert torch.equal(kernels.matmul(x[:rows], raw, block_type, out_features), alone[:rows]), rows
     threads = torch.get_num_threads()
     try:
