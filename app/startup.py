@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib
+import os
 import sys
 from dataclasses import dataclass
 from enum import Enum
@@ -30,10 +31,15 @@ def guarded_main(script: str) -> NoReturn:
     """Import `script` and exit with its `main()`; a Ctrl-C while its imports load (seconds, on a cold start) or
     during the run ends it with one line, not a traceback."""
     try:
-        sys.exit(importlib.import_module(script).main())
+        code = importlib.import_module(script).main()
     except KeyboardInterrupt:
         sys.stderr.write("interrupted\n")
         sys.exit(INTERRUPTED_EXIT)
+    # Once the run is over and its output flushed, the process ends without the interpreter's teardown: after a
+    # background compile, a native thread's destructor there sometimes aborted a finished chat (exit 134).
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 def load(args: argparse.Namespace, choice: ModelChoice, progress: bool) -> tuple[LoadedPair, dict[str, DraftHead]]:
