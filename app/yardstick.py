@@ -22,6 +22,7 @@ class Contestant(Protocol):
 
     target_name: str
     version: str
+    build: str  # "" where llama.cpp was built for this CPU, else the instruction set it was built for ("avx2")
     gguf: str
 
     def run(self, config: DecodeConfig) -> Result: ...
@@ -73,8 +74,7 @@ def yardstick(cache_dir: Path, llamacpp: Contestant, again: bool = False) -> tup
         return None, False
     best = max(runs, key=lambda result: result.stats.tokens_per_second)
     made = Yardstick(round(best.stats.tokens_per_second, 2), best.stats.new_tokens, torch.get_num_threads(),
-                     datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
-                     llamacpp.version.partition("-")[2])
+                     datetime.datetime.now().astimezone().isoformat(timespec="seconds"), llamacpp.build)
     try:
         write_record(path, {"schema": SCHEMA, "key": key, "yardstick": asdict(made)})
     except OSError:  # a read-only cache dir: it still serves this run

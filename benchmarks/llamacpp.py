@@ -55,8 +55,9 @@ def binary(cache_dir: Path, name: str, which: str | None = None) -> Path:
 
 
 def missing_reason(cache_dir: Path, name: str) -> str | None:
-    path = binary(cache_dir, name)
-    command = "./setup.sh --llamacpp" + (f" {build()}" if build() else "")
+    which = build()
+    path = binary(cache_dir, name, which)
+    command = "./setup.sh --llamacpp" + (f" {which}" if which else "")
     return None if path.is_file() else f"{path} is not built: run {command} (cmake and g++, ~25 min once)"
 
 
@@ -184,7 +185,8 @@ class PlainRun:
     """llama.cpp's plain decoding of a pair's target on one prompt, as `app.yardstick` times it."""
 
     target_name: str
-    version: str
+    version: str  # the pinned version, and its build where not the native one
+    build: str  # "" (native) or "avx2"
     gguf: str
     contestant: LlamaCpp
     prompt: list[int]
@@ -202,4 +204,5 @@ def plain_run(pair: LoadedPair, cache_dir: Path, text: str) -> PlainRun | None:
     if contestant is None:
         return None
     prompt = chat_ids(pair.target.tokenizer, [{"role": "user", "content": text}])
-    return PlainRun(pair.target.name, build_version(), str(contestant.target_gguf), contestant, prompt, pair.end_ids)
+    return PlainRun(pair.target.name, build_version(), build(), str(contestant.target_gguf), contestant, prompt,
+                    pair.end_ids)
