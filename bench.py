@@ -68,8 +68,9 @@ def build_parser() -> argparse.ArgumentParser:
     models.add_argument("--universal-drafter", help="drafter with another tokenizer for hf_universal "
                         f"(default {UNIVERSAL_DRAFTER} with a preset, none with --target; 'none' to skip)")
     models.add_argument("--compile", action=argparse.BooleanOptionalAction,
-                        help="compile our drafter's short forwards before measuring (torch.compile; HF's drafter "
-                             "stays as loaded). Default: on a CPU")
+                        help="compile our drafter's short forwards, and our target's forward where its linears "
+                             "are the project's CPU kernels, before measuring (torch.compile; HF's models stay as "
+                             "loaded). Default: on a CPU")
     models.add_argument("--threads", type=int, help="torch.set_num_threads (default: torch's choice)")
     run = p.add_argument_group("run")
     run.add_argument("--prompts", type=Path, default=DEFAULT_PROMPTS, help="JSONL prompt set (`turns`, `category`)")
@@ -203,6 +204,7 @@ class Started:
     settings: StrategySettings
     calibration: Calibration | None
     compiled: float | None  # seconds the drafter's compile took; None: not compiled
+    target_compiled: float | None = None  # the same for the target's whole forward
 
 
 @dataclass(frozen=True)
@@ -292,7 +294,15 @@ def load_models(args: argparse.Namespace) -> Models:
 def start(args: argparse.Namespace, models: Models) -> Started:
     """The start infer.py makes too (`app.startup`): the target's path probed, the drafting settings calibrated
     (the chat's defaults on this machine), then our drafter's step compiled."""
-    from app.startup import PrintReport, compile_step, compiles_by_default, probe_and_calibrate, records_for
+    from app.startup import (
+        PrintReport,
+        compile_step,
+        compile_whole,
+        compiles_by_default,
+        probe_and_calibrate,
+        records_for,
+        target_compiles_by_default,
+    )
 
     report = PrintReport()
     prepared = probe_and_calibrate(models.target_lm, models.drafter_lm, records_for(models.pair, args.cache_dir),
@@ -300,8 +310,10 @@ def start(args: argparse.Namespace, models: Models) -> Started:
                                    report=report)
     tuning = prepared.tuning
     wanted = args.compile if args.compile is not None else compiles_by_default(models.pair)
+    whole = args.compile if args.compile is not None else target_compiles_by_default(models.pair)
     return Started(prepared.identity, tuning.settings if tuning else args.decoding.strategy,
-                   tuning.calibration if tuning else None, compile_step(models.drafter_lm, wanted, report))
+                   tuning.calibration if tuning else None, compile_step(models.drafter_lm, wanted, report),
+                   compile_whole(models.target_lm, whole, report))
 
 
 def build_contestants(args: argparse.Namespace, models: Models, started: Started) -> tuple[list, list[dict]]:
@@ -369,6 +381,7 @@ def measure(args: argparse.Namespace, prompts: list[Prompt], models: Models, sta
                    "threads": torch.get_num_threads(), "max_new_tokens": args.max_new_tokens,
                    "decoding": repr(config.processor), "seed": args.seed,
                    "strategy_settings": asdict(started.settings), "drafter_compiled": started.compiled is not None,
+                   "target_compiled": started.target_compiled is not None,
                    "target_path": str(started.identity.path), "contestants": [c.describe() for c in contestants]}
     checkpoint = Checkpoint(out / "progress.jsonl", fingerprint, resume=args.resume)
     if checkpoint.done:
@@ -406,6 +419,8 @@ def make_report(args: argparse.Namespace, argv: list[str] | None, prompts: list[
             "target": target.label, "target_source": target.source,
             "drafter": drafter.label if drafter else None, "drafter_source": drafter.source if drafter else None,
             "drafter_compiled": compiled is not None, "drafter_compile_seconds": compiled,
+            "target_compiled": started.target_compiled is not None,
+            "target_compile_seconds": started.target_compiled,
             "target_quantize": target.quantize, "drafter_quantize": drafter.quantize if drafter else None,
             "universal_drafter": universal.name if universal else None,
             "end_ids": list(models.pair.end_ids), "max_new_tokens": args.max_new_tokens, "gamma": settings.gamma,

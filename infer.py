@@ -65,10 +65,10 @@ def build_parser() -> argparse.ArgumentParser:
     models = p.add_argument_group("models")
     add_model_flags(models)
     models.add_argument("--compile", action=argparse.BooleanOptionalAction,
-                        help="compile the drafter's short forwards (torch.compile; tens of seconds, in the "
-                             "background while the chat waits for the first prompt, which waits for it if sent "
-                             "earlier). Default: on in the chat when the drafter runs on a CPU, off for one "
-                             "prompt (-p)")
+                        help="compile the drafter's short forwards, then the target's forward where its "
+                             "linears are the project's CPU kernels (torch.compile; a minute or more, in the "
+                             "background, held while a turn decodes; the target switches at the next turn). "
+                             "Default: on in the chat on a CPU, off for one prompt (-p)")
     decoding_flags = p.add_argument_group("decoding")
     decoding_flags.add_argument("--strategy", "--strategies", metavar="LIST",
                                 help=f"comma-separated strategies to run, in order; the first one's answer goes into "
@@ -257,7 +257,7 @@ def run(args: argparse.Namespace, chosen: Decoding, console: Console, errors: Co
         one_shot: bool, json_out) -> int:
     if not args.verbose:
         quiet_libraries()
-    from app.startup import compiles_by_default, load, probe_and_calibrate, records_for
+    from app.startup import compiles_by_default, load, probe_and_calibrate, records_for, target_compiles_by_default
     from chat.app import ChatApp
     from chat.oneshot import run_oneshot
     from chat.session import ChatSession
@@ -295,10 +295,9 @@ def run(args: argparse.Namespace, chosen: Decoding, console: Console, errors: Co
     if not one_shot and not args.no_compare:  # timed before the drafter compiles in the background
         info = replace(info, yardstick=llamacpp_yardstick(pair, args.cache_dir, errors))
     compile_drafter = args.compile if args.compile is not None else not one_shot and compiles_by_default(pair)
-    if compile_drafter and pair.drafter is not None:
-        session.compile_drafter()
-        if one_shot:  # one prompt: wait for the graph, or it would not be used
-            session.wait_for_compile()
+    compile_target = args.compile if args.compile is not None else not one_shot and target_compiles_by_default(pair)
+    if session.compile_models(drafter=compile_drafter, target=compile_target) is not None and one_shot:
+        session.wait_for_compile()  # one prompt: wait for the graphs, or they would not be used
     if one_shot:
         try:
             return run_oneshot(session, info, prompt, console, json_out)

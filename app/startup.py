@@ -69,6 +69,14 @@ def use_kernels(name: str) -> None:
         raise ModelLoadError(f"--kernels {name}: {str(error).splitlines()[0]}") from None
 
 
+def target_compiles_by_default(pair: LoadedPair) -> bool:
+    """The target's whole forward compiles by default where its linears are the project's CPU kernels: the small
+    operators between them and the Python around them are then a fifth of a step (docs/kernels.md)."""
+    from models.formats.blocks import BlockLinear
+
+    return any(isinstance(module, BlockLinear) for module in pair.target.model.modules())
+
+
 def compiles_by_default(pair: LoadedPair) -> bool:
     """The drafter's one-token step compiles by default on a CPU, where Python and dispatch are a large share of
     it, unless its weights are oneDNN-prepacked (torch.compile cannot lower them)."""
@@ -181,3 +189,17 @@ def compile_step(drafter: CachedModel | None, wanted: bool, report: Report = SIL
     except Exception as error:  # noqa: BLE001 (the run goes on, uncompiled, and says so)
         report.say(f"the drafter runs uncompiled: {type(error).__name__}: {error}", Said.PROBLEM)
         return None
+
+
+def compile_whole(target: CachedModel, wanted: bool, report: Report = SILENT) -> float | None:
+    """Compile the target's whole forward now and take it (`CachedModel.compile_whole`); as `compile_step`."""
+    if not wanted:
+        return None
+    try:
+        with report.status("compiling the target's forward …"):
+            seconds = target.compile_whole()
+    except Exception as error:  # noqa: BLE001 (the run goes on, uncompiled, and says so)
+        report.say(f"the target runs uncompiled: {type(error).__name__}: {error}", Said.PROBLEM)
+        return None
+    target.adopt_compiled()
+    return seconds

@@ -173,6 +173,9 @@ def _stats(ctx: Context, arg: str) -> None:
         raise UsageError("takes no argument")
     if ctx.session.compile_status:
         say(ctx.console, f"drafter step: {ctx.session.compile_status}")
+    if ctx.session.target_compile_status:
+        say(ctx.console, f"target forward: {ctx.session.target_compile_status}"
+                         + (" (in use)" if ctx.session.target.whole_model is not None else ""))
     invariance = ctx.session.invariance
     if invariance:
         say(ctx.console, f"greedy identity: {invariance.summary}")

@@ -251,7 +251,8 @@ def banner(info: ModelInfo, session: ChatSession, compare: bool) -> Panel:
     grid.add_column(style="bold")
     grid.add_column()
     rows = {
-        "target": info.target + (f" · {info.target_format}" if info.target_format else ""),
+        "target": info.target + (f" · {info.target_format}" if info.target_format else "")
+                  + (f" · forward {session.target_compile_status}" if session.target_compile_status else ""),
         "drafter": (info.drafter or "none") + (f" · {info.drafter_format}" if info.drafter_format else "")
                    + (f" · step {session.compile_status}" if session.compile_status else ""),
         "heads": describe_heads(session.heads),

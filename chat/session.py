@@ -149,6 +149,7 @@ class ChatSession:
         self._strategies: dict[str, Strategy] = {}
         self._reuse: dict[int, int] = {}
         self.compile_status: str | None = None  # the drafter's compiled one-token step: None (not asked) or its state
+        self.target_compile_status: str | None = None  # the target's compiled forward, likewise
         self._compile: PausableThread | None = None
         self.tuning: Tuning | None = None  # the drafting settings chosen from this machine's timed forwards
         self.invariance: Invariance | None = None  # whether a verify rounds as the steps do here (`probe`)
@@ -158,29 +159,39 @@ class ChatSession:
 
     @property
     def compiling(self) -> bool:
-        return self.compile_status == COMPILING
+        return COMPILING in (self.compile_status, self.target_compile_status)
 
-    def compile_drafter(self) -> PausableThread | None:
-        """Compile the drafter's short forwards on a background thread (`CachedModel.compile_step`); the drafter
-        switches once the graph is ready, `compile_status` says how it went. A turn holds the compile while it runs
-        (`compile_paused`) and decodes with the eager step meanwhile: beside a decode, the compile would make it
-        crawl."""
-        if self.drafter is None:
+    def compile_models(self, drafter: bool = True, target: bool = False) -> PausableThread | None:
+        """Compile the drafter's short forwards (`CachedModel.compile_step`), then the target's whole forward
+        (`compile_whole`), on a background thread; `compile_status` and `target_compile_status` say how each went.
+        The drafter switches once its graph is ready, the target at the start of the next turn (`begin`), so that a
+        turn runs one target graph throughout. A turn holds the compile while it runs (`compile_paused`) and decodes
+        meanwhile as before: beside a decode, the compile would make it crawl."""
+        jobs = [(name, lm) for name, lm, wanted in (("drafter", self.drafter, drafter), ("target", self.target, target))
+                if wanted and lm is not None]
+        if not jobs:
             return None
-        self.compile_status = COMPILING
-        drafter = self.drafter
+        for name, _ in jobs:
+            self._set_compile_status(name, COMPILING)
 
         def work():
-            try:
-                seconds = drafter.compile_step(workers=1)  # one worker: a pause holds all of the compile
-            except Exception as error:  # noqa: BLE001 (any failure leaves the drafter eager; the reason is shown)
-                reason = next(iter(str(error).strip().splitlines()), "")
-                self.compile_status = f"not compiled ({type(error).__name__}: {reason})"
-            else:
-                self.compile_status = f"compiled (ready after {seconds:.0f} s)"
+            for name, lm in jobs:
+                try:  # one worker: a pause holds all of the compile
+                    seconds = lm.compile_step(workers=1) if name == "drafter" else lm.compile_whole(workers=1)
+                except Exception as error:  # noqa: BLE001 (any failure leaves the model eager; the reason is shown)
+                    reason = next(iter(str(error).strip().splitlines()), "")
+                    self._set_compile_status(name, f"not compiled ({type(error).__name__}: {reason})")
+                else:
+                    self._set_compile_status(name, f"compiled (ready after {seconds:.0f} s)")
 
-        self._compile = PausableThread(work, "compile-drafter").start()
+        self._compile = PausableThread(work, "compile").start()
         return self._compile
+
+    def _set_compile_status(self, name: str, status: str) -> None:
+        if name == "drafter":
+            self.compile_status = status
+        else:
+            self.target_compile_status = status
 
     def compile_paused(self) -> contextlib.AbstractContextManager:
         """Hold a background compile while the block runs (a turn: its timings then compare with later turns')."""
@@ -327,8 +338,10 @@ class ChatSession:
         return Plan(ids, dropped)
 
     def begin(self, plan: Plan) -> None:
-        """Start a turn: drop the turns the plan dropped and note how much of the prompt each cache holds."""
+        """Start a turn: drop the turns the plan dropped, take the target's compiled forward if it is ready, and note
+        how much of the prompt each cache holds."""
         del self.history[: 2 * plan.dropped_turns]
+        self.target.adopt_compiled()
         self._reuse = {}
         for lm in self._models():
             self._reuse[id(lm)] = common_prefix_length(lm.tokens, plan.ids)

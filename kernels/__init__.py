@@ -65,6 +65,7 @@ def _fake_attention(q: Tensor, k: Tensor, v: Tensor, seen: Tensor | None, scalin
     return q.new_empty(q.shape[0], q.shape[2], q.shape[1], v.shape[3])
 
 
+@torch.compiler.assume_constant_result  # a compiled graph takes it as it was when compiled
 def unavailable(cache_dir: Path | None = None) -> str | None:
     """Why the kernels cannot run here (one line), or None where they can."""
     return _loaded(cache_dir)

@@ -321,7 +321,7 @@ def test_a_prompt_runs_at_once_while_the_drafter_compiles_and_holds_the_compile_
         return 1.0
 
     monkeypatch.setattr(session.drafter, "compile_step", compiling)
-    session.compile_drafter()
+    session.compile_models()
     while progress[0] < 1000:
         time.sleep(0.001)
     seen, stream = [], session.stream

@@ -353,7 +353,7 @@ def test_the_drafter_compiles_in_the_background_and_says_how_it_went(pair, monke
                           ChatSettings(strategies=("speculative", "autoregressive"), max_new_tokens=12))
     turn_done, compile_step = threading.Event(), session.drafter.compile_step
     session.drafter.compile_step = lambda **kw: turn_done.wait(60) and compile_step(**kw)  # the turn runs first
-    thread = session.compile_drafter()
+    thread = session.compile_models()
     assert session.compile_status == "compiling (background)" and session.compiling
     view = Notices()
     turn = run_turn(session, "Hello!", view)  # a prompt meanwhile runs at once, the compile held while it decodes
@@ -373,18 +373,18 @@ def test_the_drafter_compiles_in_the_background_and_says_how_it_went(pair, monke
     monkeypatch.setattr("torch.compile", no_compiler)
     failed = ChatSession(pair.target.tokenizer, pair.target.model, plain, pair.end_ids,
                          ChatSettings(strategies=("speculative",)))
-    failed.compile_drafter().join()
+    failed.compile_models().join()
     assert failed.compile_status == "not compiled (RuntimeError: no C++ compiler)"
     assert failed.drafter.step_model is None
     packed = make_session(pair, strategies=("speculative",))  # the loader prepacked its float32 drafter
-    packed.compile_drafter().join()
+    packed.compile_models().join()
     assert packed.compile_status == ("not compiled (ValueError: its weights are oneDNN-prepacked, which "
                                      "torch.compile cannot lower)")
 
 
 def test_no_drafter_nothing_to_compile(short_pair):
     session = make_session(short_pair, strategies=("autoregressive",))
-    assert session.compile_drafter() is None and session.compile_status is None
+    assert session.compile_models() is None and session.compile_status is None
 
 
 INFO = ModelInfo("target", "drafter", "float32", "cpu")

@@ -24,7 +24,8 @@ class GrowingLayer(DynamicLayer):
     on a CPU at a 2,048-token context, docs/kernels.md). Crops stay views; rows past them are overwritten by the next
     update. Keys or values set from outside (another dtype, reordered rows) are copied into a fresh buffer by the next
     update. A compiled step traces only the writes and the views: `reserve` makes room before it, and the count of rows
-    held is the size of an empty tensor, which the graph takes as dynamic where an int attribute would be a constant.
+    held is the size of an empty tensor (rows, 0: its strides are the same for any count), which the graph takes as
+    dynamic where an int attribute would be a constant.
     `grows` False: it concatenates as `DynamicLayer` does (the cache before this layer, for `benchmarks.context`)."""
 
     grows = True
@@ -32,17 +33,17 @@ class GrowingLayer(DynamicLayer):
     def __init__(self) -> None:
         self._buffers: list[Tensor | None] = [None, None]  # keys, values: (..., capacity, head_dim)
         self._plain: list[Tensor | None] = [None, None]  # set from outside, or concatenated (not growing)
-        self._held = [torch.empty(0, 0), torch.empty(0, 0)]  # (0, rows held) for each buffer
+        self._held = [torch.empty(0, 0), torch.empty(0, 0)]  # (rows held, 0) for each buffer
         super().__init__()
 
     def _get(self, i: int) -> Tensor | None:
         buffer = self._buffers[i]
-        return self._plain[i] if buffer is None else buffer[..., : self._held[i].shape[-1], :]
+        return self._plain[i] if buffer is None else buffer[..., : self._held[i].shape[0], :]
 
     def _set(self, i: int, value: Tensor | None) -> None:
         buffer = self._buffers[i]
         if buffer is not None and value is not None and _starts(value, buffer):  # a crop of this buffer's rows
-            self._held[i] = self._held[i].new_empty(0, value.shape[-2])
+            self._held[i] = self._held[i].new_empty(value.shape[-2], 0)
         else:
             self._buffers[i], self._plain[i] = None, value
 
@@ -64,7 +65,7 @@ class GrowingLayer(DynamicLayer):
             if current is not None and current.dim() == 4:
                 grown[..., :held, :] = current
             self._buffers[i], self._plain[i] = grown, None
-        marker = like.new_empty(0, held)
+        marker = like.new_empty(held, 0)
         self._held = [marker, marker]
 
     def ready_for_step(self, end: int) -> None:
@@ -80,11 +81,15 @@ class GrowingLayer(DynamicLayer):
             self.lazy_initialization(key_states, value_states)
         if not torch.compiler.is_compiling():  # a compiled step's room was made before it (`reserve`)
             self.reserve(self.get_seq_length() + key_states.shape[-2], key_states)
-        held = self._held[0].shape[-1]
+        held = self._held[0].shape[0]
         end = held + key_states.shape[-2]
+        compiling = torch.compiler.is_compiling()
         for buffer, new in zip(self._buffers, (key_states, value_states), strict=True):
-            cast(Tensor, buffer)[..., held:end, :] = new
-        marker = self._held[0].new_empty(0, end)
+            if compiling:  # one graph for any rows: a slice's copy would guard on their count
+                cast(Tensor, buffer).index_copy_(-2, torch.arange(held, end, device=new.device), new)
+            else:
+                cast(Tensor, buffer)[..., held:end, :] = new
+        marker = self._held[0].new_empty(end, 0)
         self._held = [marker, marker]
         return cast(Tensor, self.keys), cast(Tensor, self.values)
 
@@ -95,7 +100,7 @@ def _in_inference_mode(marker: Tensor) -> Tensor:
     if marker.is_inference():
         return marker
     with torch.inference_mode():
-        return torch.empty(0, marker.shape[-1], device=marker.device)
+        return torch.empty(marker.shape[0], 0, device=marker.device)
 
 
 def _starts(view: Tensor, buffer: Tensor) -> bool:
@@ -118,6 +123,31 @@ def reserve(cache: DynamicCache, end: int) -> None:
     for layer in cache.layers:
         if isinstance(layer, GrowingLayer) and layer.grows and layer.keys is not None and layer.keys.dim() == 4:
             layer.ready_for_step(end)
+
+
+def _holds_buffers(cache: DynamicCache) -> bool:
+    """Whether every growing layer of `cache` has its buffers (a compiled graph writes into them)."""
+    growing = [layer for layer in cache.layers if isinstance(layer, GrowingLayer) and layer.grows]
+    return all(layer._buffers[0] is not None for layer in growing)
+
+
+def _compile_config(workers: int | None, every_size: bool = False) -> contextlib.AbstractContextManager:
+    """Inductor's parallel compile processes (None: its default); `every_size`: every size taken as dynamic, 0 and 1
+    too, so that one graph serves every number of rows (a row's bits then do not depend on it) and every context."""
+    from torch._inductor import config as inductor_config  # loads with torch.compile: not before it is needed
+
+    stack = contextlib.ExitStack()
+    if every_size:
+        stack.enter_context(_every_size())
+    if workers:
+        stack.enter_context(inductor_config.patch(compile_threads=workers))
+    return stack
+
+
+def _every_size() -> contextlib.AbstractContextManager:
+    from torch.fx.experimental import _config as shapes_config
+
+    return cast(Any, shapes_config).patch(backed_size_oblivious=True, use_duck_shape=False)
 
 
 def new_cache(config) -> DynamicCache:
@@ -199,6 +229,10 @@ class CachedModel:
     of its own: torch specializes those sizes): a drafter's first forward of a round feeds the tokens the target
     accepted after its drafts, often two.
 
+    `whole_model`: `model` compiled for every forward (`compile_whole`, the target's), which it then takes for all of
+    them, prompts and token trees too, so that every row the cache holds and every logit comes from the one graph.
+    It is handed over by `adopt_compiled`, between turns: a turn runs one graph from its start to its end.
+
     `keep_hidden()`: from then on `hidden` also holds the model's last hidden state (after its final norm) of every
     cached token, row for row with `tokens`, through crops and moved rows alike: what draft heads read.
 
@@ -211,6 +245,8 @@ class CachedModel:
     def __init__(self, model, prefill_model=None, prefill_from: int = 8):
         self.model, self.prefill_model, self.prefill_from = model, prefill_model, prefill_from
         self.step_model: Callable[..., Any] | None = None
+        self.whole_model: Callable[..., Any] | None = None
+        self._compiled_whole: Callable[..., Any] | None = None  # ready, not yet adopted
         self.cache = new_cache(model.config)
         self.tokens: list[int] = []
         self.forwards = 0
@@ -223,6 +259,7 @@ class CachedModel:
         """Record hidden states from the next forward on (the cached tokens before it have none: they are dropped)."""
         if not self.keeps_hidden:
             self.keeps_hidden = True
+            self.whole_model = self._compiled_whole = None  # its graph gives no hidden states
             self.reset()
 
     @property
@@ -258,23 +295,37 @@ class CachedModel:
         """
         start = len(self.tokens)
         spare = 0 if model_kwargs else max(self.min_rows - len(ids), 0)  # a tree's rows come with their own mask
-        step = (self.step_model is not None and 0 < len(ids) < self.prefill_from and not spare and start >= 2
-                and not model_kwargs and not self.keeps_hidden)
+        whole = self.whole_model is not None
+        if whole and not _holds_buffers(self.cache):  # a new cache: the graph writes into buffers made beforehand
+            self._start_buffers()
+        step = whole or (self.step_model is not None and 0 < len(ids) < self.prefill_from and not spare and start >= 2
+                         and not model_kwargs and not self.keeps_hidden)
         if self.keeps_hidden:
             model_kwargs["output_hidden_states"] = True
         if step:
-            reserve(self.cache, start + len(ids))  # the compiled graph writes the new rows in place
+            reserve(self.cache, start + len(ids) + spare)  # the compiled graph writes the new rows in place
         fed = ids + ids[-1:] * spare
+        if whole and not model_kwargs:  # as a tree's rows come: one graph for both, whatever the rows
+            allowed = torch.ones(len(fed), start + len(fed), dtype=torch.bool).tril(start)
+            model_kwargs = self._masked(allowed, torch.arange(start, start + len(fed)))
         if "position_ids" not in model_kwargs:
             model_kwargs["position_ids"] = torch.arange(start, start + len(fed), device=self.device)[None]
         input_ids = torch.tensor([fed], dtype=torch.long, device=self.device)
+        if whole:  # a batch of one, a mask broadcast over the heads: sizes of 1 the graph may rely on
+            torch._dynamo.mark_static(input_ids, 0)
+            for dim in (0, 1):
+                torch._dynamo.mark_static(model_kwargs["attention_mask"], dim)
         try:
             prefill = self.prefill_model is not None and len(ids) >= self.prefill_from
-            model = self.step_model if step and self.step_model is not None else (
-                self.prefill_model if prefill else self.model)
+            model = self.prefill_model if prefill else self.model
+            if self.whole_model is not None:
+                model = self.whole_model
+            elif step and self.step_model is not None:
+                model = self.step_model
             if self.prefill_model is not None:  # two dtypes may share this cache
                 self._cache_in((self.prefill_model if prefill else self.model).dtype)
-            with torch.inference_mode() if step else contextlib.nullcontext():  # the graph was compiled for it
+            with (torch.inference_mode() if step else contextlib.nullcontext(),  # the graph was compiled for it
+                  _every_size() if whole else contextlib.nullcontext()):  # as it was compiled, should it recompile
                 out = model(input_ids=input_ids, past_key_values=self.cache, use_cache=True,
                             logits_to_keep=keep + spare, **model_kwargs)
             if spare:
@@ -319,17 +370,11 @@ class CachedModel:
         Errors (no C++ compiler, an unsupported model) propagate and leave the model as it was. Returns the seconds it
         took. `workers`: inductor's parallel compile processes (None: its default).
         """
-        blocker = next((m.compile_blocker for m in self.model.modules() if hasattr(m, "compile_blocker")), None)
-        if blocker is not None:  # a layer that says why it cannot be compiled (models.formats.prepack)
-            raise ValueError(blocker)
         started = time.perf_counter()
-        step = torch.compile(self.model, dynamic=True)
+        step = self._compiled(workers)
         scratch = CachedModel(self.model)
         scratch.step_model = step
-        from torch._inductor import config as inductor_config  # loads with torch.compile: not before it is needed
-
-        workers_config = inductor_config.patch(compile_threads=workers) if workers else contextlib.nullcontext()
-        with torch.inference_mode(), workers_config:
+        with torch.inference_mode(), _compile_config(workers):
             scratch.forward([0, 0, 0])
             scratch.forward([0])
             scratch.forward([0])
@@ -338,6 +383,58 @@ class CachedModel:
             scratch.forward([0, 0])  # torch specializes one row: several take a graph of their own
         self.step_model = step
         return time.perf_counter() - started
+
+    def compile_whole(self, workers: int | None = None) -> float:
+        """Compile `model` for every forward, whatever its rows (one graph for all: torch would give one row a graph
+        of its own, which rounds otherwise), tree-shaped ones too; ready for `adopt_compiled`.
+
+        A target whose linears are the project's kernels spends a fifth of a step in the model's small operators and
+        the Python between them; the graph fuses them. A verify's rows must still round as the one-token steps do:
+        the graph is checked for that on a scratch cache (steps, a verify and a tree of the same tokens, bit for bit)
+        and refused (ValueError) where they differ. Errors leave the model as it was. Returns the seconds it took.
+        """
+        if self.prefill_model is not None:
+            raise ValueError("a model with a prefill form of its own is not compiled whole")
+        if self.keeps_hidden:
+            raise ValueError("a model that keeps its hidden states is not compiled whole")
+        started = time.perf_counter()
+        graph = self._compiled(workers)
+        scratch = CachedModel(self.model)
+        scratch.min_rows = self.min_rows
+        scratch.whole_model = graph
+        probe = [(i * 7919 + 11) % self.vocab_size for i in range(16)]
+        with torch.inference_mode(), _compile_config(workers, every_size=True):
+            scratch.forward(probe[:10])
+            steps = torch.cat([scratch.forward([token]) for token in probe[10:14]])
+            scratch.crop(10)
+            verify = scratch.forward(probe[10:14], keep=4)
+            scratch.crop(9)
+            tree = scratch.extend_tree(probe[:10], probe[10:14] + probe[14:16], [-1, 0, 1, 2, 0, 4])[1:5]
+            scratch.reset()
+            again = scratch.forward(probe[:11])
+        if not (torch.equal(steps, verify) and torch.equal(steps, tree) and torch.equal(again, steps[:1])):
+            raise ValueError("its compiled forward rounds a verify's rows otherwise than its one-token steps")
+        self._compiled_whole = graph
+        return time.perf_counter() - started
+
+    def adopt_compiled(self) -> bool:
+        """Take the graph `compile_whole` made for every forward from now on (between turns); whether one runs."""
+        if self._compiled_whole is not None and not self.keeps_hidden:
+            self.whole_model, self._compiled_whole = self._compiled_whole, None
+        return self.whole_model is not None
+
+    def _compiled(self, workers: int | None) -> Callable[..., Any]:
+        blocker = next((m.compile_blocker for m in self.model.modules() if hasattr(m, "compile_blocker")), None)
+        if blocker is not None:  # a layer that says why it cannot be compiled (models.formats.prepack)
+            raise ValueError(blocker)
+        return torch.compile(self.model, dynamic=True)
+
+    def _start_buffers(self) -> None:
+        """Make a new cache's buffers (one token fed eagerly, then dropped): a compiled graph writes into them."""
+        with torch.inference_mode():
+            self.model(input_ids=torch.zeros(1, 1, dtype=torch.long, device=self.device), past_key_values=self.cache,
+                       use_cache=True, logits_to_keep=1)
+        crop(self.cache, 0)
 
     def extend(self, seq: list[int], keep: int = 1) -> Tensor:
         """Make the cache hold `seq` and return the logits of its last `keep` positions, (keep, V).
@@ -369,11 +466,15 @@ class CachedModel:
         allowed = torch.ones(fresh + len(tree), len(seq) + len(tree), dtype=torch.bool)  # (new rows, all columns)
         allowed[:fresh, reuse:] = allowed[:fresh, reuse:].tril()  # causal over the fresh tokens, blind to the tree
         allowed[fresh:, len(seq):] = sees
+        positions = torch.cat([torch.arange(reuse, len(seq)), len(seq) - 1 + depth])
+        return self.forward(seq[reuse:] + tree, 1 + len(tree), **self._masked(allowed, positions))
+
+    def _masked(self, allowed: Tensor, positions: Tensor) -> dict[str, Tensor]:
+        """The model's keyword arguments for rows that see the keys where `allowed` (new rows, all keys) is True,
+        at `positions`."""
         dtype = self.model.dtype  # an additive float mask: eager attention adds it, SDPA takes it as is
         mask = torch.zeros(allowed.shape, dtype=dtype).masked_fill(~allowed, torch.finfo(dtype).min)
-        positions = torch.cat([torch.arange(reuse, len(seq)), len(seq) - 1 + depth])
-        return self.forward(seq[reuse:] + tree, 1 + len(tree), attention_mask=mask[None, None].to(self.device),
-                            position_ids=positions[None].to(self.device))
+        return {"attention_mask": mask[None, None].to(self.device), "position_ids": positions[None].to(self.device)}
 
     def keep(self, length: int, rows: list[int]) -> None:
         """Keep the first `length` cached tokens, then the cached rows `rows` (ascending, >= length) moved up behind

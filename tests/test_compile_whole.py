@@ -1,0 +1,76 @@
+"""The target's whole forward compiled (`CachedModel.compile_whole`): one graph for every forward, taken between
+turns, refused where a verify's rows would round otherwise than the one-token steps."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import kernels
+from models import invariance
+from sampling.autoregressive import Autoregressive
+from sampling.base import DecodeConfig
+from sampling.drafters.model import ModelDrafter
+from sampling.speculative import Speculative
+from tests.helpers import tiny_model
+from tests.test_blocks import PROMPT, block_model
+from utils.caching import CachedModel
+
+
+class RowDependent(torch.nn.Module):
+    """A stand-in for a compiled graph whose rows' logits move with the number of rows fed."""
+
+    def __init__(self, model):
+        super().__init__()
+        self.model = model
+
+    def forward(self, input_ids, **kwargs):
+        out = self.model(input_ids=input_ids, **kwargs)
+        out.logits = out.logits + 1e-3 * input_ids.shape[1]
+        return out
+
+
+def test_a_graph_whose_rows_round_with_their_number_is_refused_and_nothing_changes(monkeypatch):
+    target = CachedModel(tiny_model(dtype=torch.float32))
+    monkeypatch.setattr("torch.compile", lambda model, **kwargs: RowDependent(model))
+    with pytest.raises(ValueError, match="rounds a verify's rows otherwise than its one-token steps"):
+        target.compile_whole()
+    assert not target.adopt_compiled() and target.whole_model is None
+
+
+def test_a_model_that_keeps_its_hidden_states_or_has_a_prefill_form_is_not_compiled_whole():
+    model = tiny_model(dtype=torch.float32)
+    with pytest.raises(ValueError, match="prefill form"):
+        CachedModel(model, prefill_model=model).compile_whole()
+    keeping = CachedModel(model)
+    keeping.keep_hidden()
+    with pytest.raises(ValueError, match="keeps its hidden states"):
+        keeping.compile_whole()
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(kernels.unavailable() is not None, reason=f"kernels: {kernels.unavailable()}")
+def test_on_the_blocks_the_compiled_forward_runs_every_forward_after_adoption_and_speculative_equals_it():
+    target = CachedModel(block_model())
+    assert invariance.probe(target).exact
+    config = DecodeConfig(max_new_tokens=24)
+    target.compile_whole()
+    assert target.whole_model is None  # ready, not taken: a turn under way keeps its graph
+    assert target.adopt_compiled()
+    graph, calls = target.whole_model, []
+
+    def counted(**kwargs):
+        calls.append(kwargs["input_ids"].shape[1])
+        return graph(**kwargs)
+
+    target.whole_model = counted
+    reference = Autoregressive(target).generate(PROMPT, config).token_ids
+    assert calls[0] == len(PROMPT) and set(calls[1:]) == {target.min_rows}  # the prompt, then the steps
+    drafter = CachedModel(block_model(seed=5))
+    for draft in (CachedModel(target.model), drafter):  # all accepted, mostly rejected; chains and trees
+        calls.clear()
+        result = Speculative(target, ModelDrafter(draft, target.vocab_size, alternatives=2, max_tree=6), 5).generate(
+            PROMPT, config)
+        assert result.token_ids == reference and max(calls) > 1
+    target.keep_hidden()  # a draft head's features: the graph gives none, so the model runs eagerly again
+    assert target.whole_model is None and not target.adopt_compiled()
