@@ -419,7 +419,7 @@ def make_report(args: argparse.Namespace, argv: list[str] | None, prompts: list[
             "target": target.label, "target_source": target.source,
             "drafter": drafter.label if drafter else None, "drafter_source": drafter.source if drafter else None,
             "drafter_compiled": compiled is not None, "drafter_compile_seconds": compiled,
-            "target_compiled": started.target_compiled is not None,
+            "target_compiled": models.target_lm.whole_model is not None,  # a draft head's strategy drops it
             "target_compile_seconds": started.target_compiled,
             "target_quantize": target.quantize, "drafter_quantize": drafter.quantize if drafter else None,
             "universal_drafter": universal.name if universal else None,

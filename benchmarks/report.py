@@ -230,14 +230,15 @@ def markdown(report: dict) -> str:
     costs = report["costs"]
     counts = ", ".join(f"{k} {v}" for k, v in c["prompt_counts"].items())
     compiled = " (short forwards compiled)" if c.get("drafter_compiled") else ""
+    target_compiled = " (whole forward compiled)" if c.get("target_compiled") else ""
     lines = [
         "## Benchmark results",
         "",
         f"Measured {m['date']} on {m['cpu']} ({m['device']}, {m['torch_threads']} torch threads, {m['dtype']}), "
         f"torch {m['torch']}, transformers {m['transformers']}{_instruction_sets(m)}.",
-        f"Target `{c['target']}`, drafter `{c['drafter']}`{compiled}; {c['max_new_tokens']} new tokens at most, gamma "
-        f"{c['gamma']}, {c['decoding']}; prompts `{shown_path(c['prompts'])}` ({counts}; every turn of multi-turn "
-        "prompts measured).",
+        f"Target `{c['target']}`{target_compiled}, drafter `{c['drafter']}`{compiled}; {c['max_new_tokens']} new "
+        f"tokens at most, gamma {c['gamma']}, {c['decoding']}; prompts `{shown_path(c['prompts'])}` ({counts}; "
+        "every turn of multi-turn prompts measured).",
         "",
         f"Regenerate with: `{report['command']}`",
         "",
