@@ -7,7 +7,8 @@ accuracy gate against the dequantized GGUF in float32 (docs/formats.md has a run
 Formats: float32, float32-prepacked, bfloat16, int8, int4 (the low-bit ones with bfloat16 activations), q4k (the
 GGUF's own Q4_K tensors on the int4 kernel, bfloat16 activations there, the rest float32 prepacked), gguf (every
 linear in the file's own blocks on the project's kernels, int8 activations per block, the rest float32), q8_0 (the
-dense weights quantized to Q8_0 blocks at load, on the same kernels: what a dense model's `auto` may take). The accuracy
+dense weights quantized to Q8_0 blocks at load, on the same kernels: what a dense model's `auto` may take),
+gguf-compiled (gguf as the chat runs it: attention row by row, the whole forward compiled). The accuracy
 text is the first 1,025 tokens of the project's prompt set, in order; the reference is read from the GGUF file the
 embedded wheels carry (assembled into the cache dir once).
 """
@@ -25,6 +26,7 @@ from transformers import AutoModelForCausalLM
 from app.calibration import time_forward
 from benchmarks.accuracy import Agreement, next_token_logits, perplexity
 from benchmarks.prompts import DEFAULT_PROMPTS
+from models import invariance
 from models.formats import blocks, q4k
 from models.formats.int4 import to_int4
 from models.formats.int8 import to_int8
@@ -36,7 +38,7 @@ from models.store import embedded_gguf
 from utils.caching import CachedModel
 
 TARGET = "qwen2.5-coder-1.5b"
-FORMATS = ("float32", "float32-prepacked", "bfloat16", "int8", "int4", "q4k", "gguf", "q8_0")
+FORMATS = ("float32", "float32-prepacked", "bfloat16", "int8", "int4", "q4k", "gguf", "q8_0", "gguf-compiled")
 TEXT_TOKENS = 1025
 WIDTHS = (1, 2, 4, 8, 14)
 PREFILL = 150  # a prompt's tokens
@@ -67,7 +69,7 @@ def build(base, name: str):
         model = model.float()
         q4k.apply(model, embedded_gguf(EMBEDDED[TARGET], default_cache_dir()))
         prepack(model)
-    elif name == "gguf":
+    elif name in ("gguf", "gguf-compiled"):
         model = model.float()
         blocks.apply(model, embedded_gguf(EMBEDDED[TARGET], default_cache_dir()))
     elif name == "q8_0":
@@ -76,6 +78,24 @@ def build(base, name: str):
     elif name not in FORMATS:
         raise SystemExit(f"unknown format {name!r}; choose from {', '.join(FORMATS)}")
     return model.eval()
+
+
+def cached(model, name: str) -> CachedModel:
+    """`model` as `CachedModel` runs it; gguf-compiled: attention row by row and the whole forward compiled."""
+    lm = CachedModel(model)
+    if name == "gguf-compiled":
+        invariance.apply(lm, invariance.TargetPath("rowwise", 1))
+        lm.compile_whole()
+        lm.adopt_compiled()
+    return lm
+
+
+def cached_logits(lm: CachedModel, ids: list[int], chunk: int = 256) -> torch.Tensor:
+    """`next_token_logits` through `lm`'s own forward."""
+    lm.reset()
+    rows = [lm.forward(ids[start:min(start + chunk, len(ids) - 1)], keep=min(chunk, len(ids) - 1 - start))
+            for start in range(0, len(ids) - 1, chunk)]
+    return torch.cat(rows)
 
 
 def kl_divergence(reference: torch.Tensor, logits: torch.Tensor) -> float:
@@ -93,7 +113,7 @@ def main(argv: list[str]) -> int:
     ids = text_ids(base.tokenizer)
     if argv[0] == "timing":
         for name in names:
-            lm = CachedModel(build(base.model, name))
+            lm = cached(build(base.model, name), name)
             ms = {n: time_forward(lm, ids[:128], ids[128:128 + n], 3) * 1e3 for n in WIDTHS}
             prefill = time_forward(lm, ids[:1], ids[1:1 + PREFILL], 1)
             print(f"{name:18s} " + " ".join(f"{n}: {ms[n]:.0f} ms" for n in WIDTHS)
@@ -111,7 +131,8 @@ def main(argv: list[str]) -> int:
     for name in names:
         model = build(base.model, name)
         with torch.inference_mode():
-            logits = next_token_logits(model, ids)
+            logits = (cached_logits(cached(model, name), ids) if name == "gguf-compiled"
+                      else next_token_logits(model, ids))
         top1 = float((logits.argmax(-1) == expected.argmax(-1)).float().mean())
         agreement = Agreement(len(ids) - 1, top1, perplexity(logits, ids), reference_perplexity)
         print(f"{name:18s} {agreement.line()}; mean KL(reference || {name}) {kl_divergence(expected, logits):.5f}",
