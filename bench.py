@@ -293,27 +293,19 @@ def load_models(args: argparse.Namespace) -> Models:
 
 def start(args: argparse.Namespace, models: Models) -> Started:
     """The start infer.py makes too (`app.startup`): the target's path probed, the drafting settings calibrated
-    (the chat's defaults on this machine), then our drafter's step compiled."""
-    from app.startup import (
-        PrintReport,
-        compile_step,
-        compile_whole,
-        compiles_by_default,
-        probe_and_calibrate,
-        records_for,
-        target_compiles_by_default,
-    )
+    (the chat's defaults on this machine), then our drafter's step and our target's forward compiled."""
+    from app import startup
 
-    report = PrintReport()
-    prepared = probe_and_calibrate(models.target_lm, models.drafter_lm, records_for(models.pair, args.cache_dir),
-                                   args.decoding.strategy, args.decoding.explicit, calibrate=args.calibrate,
-                                   report=report)
+    report = startup.PrintReport()
+    prepared = startup.probe_and_calibrate(models.target_lm, models.drafter_lm,
+                                           startup.records_for(models.pair, args.cache_dir), args.decoding.strategy,
+                                           args.decoding.explicit, calibrate=args.calibrate, report=report)
     tuning = prepared.tuning
-    wanted = args.compile if args.compile is not None else compiles_by_default(models.pair)
-    whole = args.compile if args.compile is not None else target_compiles_by_default(models.pair)
+    wanted = args.compile if args.compile is not None else startup.compiles_by_default(models.pair)
+    whole = args.compile if args.compile is not None else startup.target_compiles_by_default(models.pair)
     return Started(prepared.identity, tuning.settings if tuning else args.decoding.strategy,
-                   tuning.calibration if tuning else None, compile_step(models.drafter_lm, wanted, report),
-                   compile_whole(models.target_lm, whole, report))
+                   tuning.calibration if tuning else None, startup.compile_step(models.drafter_lm, wanted, report),
+                   startup.compile_whole(models.target_lm, whole, report))
 
 
 def build_contestants(args: argparse.Namespace, models: Models, started: Started) -> tuple[list, list[dict]]:

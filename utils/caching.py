@@ -8,7 +8,6 @@ the last committed token is the next input. A model is only ever fed the tokens 
 from __future__ import annotations
 
 import contextlib
-import time
 from collections.abc import Callable
 from typing import Any, cast
 
@@ -16,6 +15,8 @@ import torch
 from torch import Tensor
 from transformers import DynamicCache
 from transformers.cache_utils import CacheLayerMixin, DynamicLayer
+
+from utils.compiling import every_size
 
 
 class GrowingLayer(DynamicLayer):
@@ -129,25 +130,6 @@ def _holds_buffers(cache: DynamicCache) -> bool:
     """Whether every growing layer of `cache` has its buffers (a compiled graph writes into them)."""
     growing = [layer for layer in cache.layers if isinstance(layer, GrowingLayer) and layer.grows]
     return all(layer._buffers[0] is not None for layer in growing)
-
-
-def _compile_config(workers: int | None, every_size: bool = False) -> contextlib.AbstractContextManager:
-    """Inductor's parallel compile processes (None: its default); `every_size`: every size taken as dynamic, 0 and 1
-    too, so that one graph serves every number of rows (a row's bits then do not depend on it) and every context."""
-    from torch._inductor import config as inductor_config  # loads with torch.compile: not before it is needed
-
-    stack = contextlib.ExitStack()
-    if every_size:
-        stack.enter_context(_every_size())
-    if workers:
-        stack.enter_context(inductor_config.patch(compile_threads=workers))
-    return stack
-
-
-def _every_size() -> contextlib.AbstractContextManager:
-    from torch.fx.experimental import _config as shapes_config
-
-    return cast(Any, shapes_config).patch(backed_size_oblivious=True, use_duck_shape=False)
 
 
 def new_cache(config) -> DynamicCache:
@@ -325,7 +307,7 @@ class CachedModel:
             if self.prefill_model is not None:  # two dtypes may share this cache
                 self._cache_in((self.prefill_model if prefill else self.model).dtype)
             with (torch.inference_mode() if step else contextlib.nullcontext(),  # the graph was compiled for it
-                  _every_size() if whole else contextlib.nullcontext()):  # as it was compiled, should it recompile
+                  every_size() if whole else contextlib.nullcontext()):  # as it was compiled, should it recompile
                 out = model(input_ids=input_ids, past_key_values=self.cache, use_cache=True,
                             logits_to_keep=keep + spare, **model_kwargs)
             if spare:
@@ -359,75 +341,24 @@ class CachedModel:
                 layer.keys, layer.values = layer.keys.to(dtype), layer.values.to(dtype)
 
     def compile_step(self, workers: int | None = None) -> float:
-        """Compile `model` for short forwards (torch.compile, the context length and the rows dynamic) and hand them
-        to it.
+        """`model` compiled for short forwards, taken at once (`utils.compiling.compile_step`); the seconds it took."""
+        from utils.compiling import compile_step
 
-        A one-token forward of a small model on a CPU spends a large share of its time in Python and operator
-        dispatch between the matrix products (docs/formats.md); the compiled graph fuses the small operators.
-        Compiling takes tens of seconds: it runs on a scratch cache of its own, so it may run on another thread while
-        this model decodes, and `step_model` is set only once the graphs it needs (one token and several, after a
-        forward and after a crop) are built.
-        Errors (no C++ compiler, an unsupported model) propagate and leave the model as it was. Returns the seconds it
-        took. `workers`: inductor's parallel compile processes (None: its default).
-        """
-        started = time.perf_counter()
-        step = self._compiled(workers)
-        scratch = CachedModel(self.model)
-        scratch.step_model = step
-        with torch.inference_mode(), _compile_config(workers):
-            scratch.forward([0, 0, 0])
-            scratch.forward([0])
-            scratch.forward([0])
-            scratch.crop(3)
-            scratch.forward([0])
-            scratch.forward([0, 0])  # torch specializes one row: several take a graph of their own
-        self.step_model = step
-        return time.perf_counter() - started
+        return compile_step(self, workers)
 
     def compile_whole(self, workers: int | None = None) -> float:
-        """Compile `model` for every forward, whatever its rows (one graph for all: torch would give one row a graph
-        of its own, which rounds otherwise), tree-shaped ones too; ready for `adopt_compiled`.
+        """`model` compiled for every forward and checked, ready for `adopt_compiled` (`utils.compiling
+        .compile_whole`); the seconds it took. ValueError where it cannot serve."""
+        from utils.compiling import compile_whole
 
-        A target whose linears are the project's kernels spends a fifth of a step in the model's small operators and
-        the Python between them; the graph fuses them. A verify's rows must still round as the one-token steps do:
-        the graph is checked for that on a scratch cache (steps, a verify and a tree of the same tokens, bit for bit)
-        and refused (ValueError) where they differ. Errors leave the model as it was. Returns the seconds it took.
-        """
-        if self.prefill_model is not None:
-            raise ValueError("a model with a prefill form of its own is not compiled whole")
-        if self.keeps_hidden:
-            raise ValueError("a model that keeps its hidden states is not compiled whole")
-        started = time.perf_counter()
-        graph = self._compiled(workers)
-        scratch = CachedModel(self.model)
-        scratch.min_rows = self.min_rows
-        scratch.whole_model = graph
-        probe = [(i * 7919 + 11) % self.vocab_size for i in range(16)]
-        with torch.inference_mode(), _compile_config(workers, every_size=True):
-            scratch.forward(probe[:10])
-            steps = torch.cat([scratch.forward([token]) for token in probe[10:14]])
-            scratch.crop(10)
-            verify = scratch.forward(probe[10:14], keep=4)
-            scratch.crop(9)
-            tree = scratch.extend_tree(probe[:10], probe[10:14] + probe[14:16], [-1, 0, 1, 2, 0, 4])[1:5]
-            scratch.reset()
-            again = scratch.forward(probe[:11])
-        if not (torch.equal(steps, verify) and torch.equal(steps, tree) and torch.equal(again, steps[:1])):
-            raise ValueError("its compiled forward rounds a verify's rows otherwise than its one-token steps")
-        self._compiled_whole = graph
-        return time.perf_counter() - started
+        self._compiled_whole, seconds = compile_whole(self, workers)
+        return seconds
 
     def adopt_compiled(self) -> bool:
         """Take the graph `compile_whole` made for every forward from now on (between turns); whether one runs."""
-        if self._compiled_whole is not None and not self.keeps_hidden:
+        if self._compiled_whole is not None:
             self.whole_model, self._compiled_whole = self._compiled_whole, None
         return self.whole_model is not None
-
-    def _compiled(self, workers: int | None) -> Callable[..., Any]:
-        blocker = next((m.compile_blocker for m in self.model.modules() if hasattr(m, "compile_blocker")), None)
-        if blocker is not None:  # a layer that says why it cannot be compiled (models.formats.prepack)
-            raise ValueError(blocker)
-        return torch.compile(self.model, dynamic=True)
 
     def _start_buffers(self) -> None:
         """Make a new cache's buffers (one token fed eagerly, then dropped): a compiled graph writes into them."""
