@@ -74,3 +74,5 @@ def test_on_the_blocks_the_compiled_forward_runs_every_forward_after_adoption_an
         assert result.token_ids == reference and max(calls) > 1
     target.keep_hidden()  # a draft head's features: the graph gives none, so the model runs eagerly again
     assert target.whole_model is None and not target.adopt_compiled()
+    target._compiled_whole = graph  # as a compile that ends after a head came
+    assert not target.adopt_compiled() and target.whole_model is None

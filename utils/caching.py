@@ -356,7 +356,7 @@ class CachedModel:
 
     def adopt_compiled(self) -> bool:
         """Take the graph `compile_whole` made for every forward from now on (between turns); whether one runs."""
-        if self._compiled_whole is not None:
+        if self._compiled_whole is not None and not self.keeps_hidden:  # a head came while it compiled
             self.whole_model, self._compiled_whole = self._compiled_whole, None
         return self.whole_model is not None
 
