@@ -38,6 +38,18 @@ def test_a_graph_whose_rows_round_with_their_number_is_refused_and_nothing_chang
     assert not target.adopt_compiled() and target.whole_model is None
 
 
+def test_an_eager_forward_makes_its_own_room_while_another_thread_is_compiling(monkeypatch):
+    """A compile held at a pause mid-trace makes torch.compiler.is_compiling() True on every thread."""
+    model = tiny_model(dtype=torch.float32)
+    expected = CachedModel(model)
+    wanted = [expected.forward(list(range(3, 9))), expected.forward([4]), expected.forward([5, 6])]
+    monkeypatch.setattr("torch.compiler.is_compiling", lambda: True)
+    lm = CachedModel(model)
+    got = [lm.forward(list(range(3, 9))), lm.forward([4]), lm.forward([5, 6])]
+    assert all(torch.equal(a, b) for a, b in zip(got, wanted, strict=True))
+    assert lm.cache.get_seq_length() == 9
+
+
 def test_a_model_that_keeps_its_hidden_states_or_has_a_prefill_form_is_not_compiled_whole():
     model = tiny_model(dtype=torch.float32)
     with pytest.raises(ValueError, match="prefill form"):

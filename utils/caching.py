@@ -35,6 +35,7 @@ class GrowingLayer(DynamicLayer):
         self._buffers: list[Tensor | None] = [None, None]  # keys, values: (..., capacity, head_dim)
         self._plain: list[Tensor | None] = [None, None]  # set from outside, or concatenated (not growing)
         self._held = [torch.empty(0, 0), torch.empty(0, 0)]  # (rows held, 0) for each buffer
+        self.ready = False  # room made for a compiled forward (`ready_for_step`), until it returns
         super().__init__()
 
     def _get(self, i: int) -> Tensor | None:
@@ -74,19 +75,20 @@ class GrowingLayer(DynamicLayer):
         graph was compiled for."""
         self.reserve(end, cast(Tensor, self.keys))
         self._held = [_in_inference_mode(marker) for marker in self._held]
+        self.ready = True
 
     def update(self, key_states: Tensor, value_states: Tensor, *args, **kwargs) -> tuple[Tensor, Tensor]:
         if not self.grows:
             return super().update(key_states, value_states, *args, **kwargs)
         if not self.is_initialized:
             self.lazy_initialization(key_states, value_states)
-        if not torch.compiler.is_compiling():  # a compiled step's room was made before it (`reserve`)
+        # Not torch.compiler.is_compiling(): another thread's compile, held at a pause mid-trace, makes it True here
+        if not self.ready:  # a compiled forward's room was made before it (`reserve`)
             self.reserve(self.get_seq_length() + key_states.shape[-2], key_states)
         held = self._held[0].shape[0]
         end = held + key_states.shape[-2]
-        compiling = torch.compiler.is_compiling()
         for buffer, new in zip(self._buffers, (key_states, value_states), strict=True):
-            if compiling:  # one graph for any rows: a slice's copy would guard on their count
+            if self.ready:  # one graph for any rows: a slice's copy would guard on their count
                 cast(Tensor, buffer).index_copy_(-2, torch.arange(held, end, device=new.device), new)
             else:
                 cast(Tensor, buffer)[..., held:end, :] = new
@@ -124,6 +126,13 @@ def reserve(cache: DynamicCache, end: int) -> None:
     for layer in cache.layers:
         if isinstance(layer, GrowingLayer) and layer.grows and layer.keys is not None and layer.keys.dim() == 4:
             layer.ready_for_step(end)
+
+
+def done_with_step(cache: DynamicCache) -> None:
+    """After a compiled forward: its layers' next updates make their own room again."""
+    for layer in cache.layers:
+        if isinstance(layer, GrowingLayer):
+            layer.ready = False
 
 
 def _holds_buffers(cache: DynamicCache) -> bool:
@@ -310,6 +319,8 @@ class CachedModel:
                   every_size() if whole else contextlib.nullcontext()):  # as it was compiled, should it recompile
                 out = model(input_ids=input_ids, past_key_values=self.cache, use_cache=True,
                             logits_to_keep=keep + spare, **model_kwargs)
+            if step:
+                done_with_step(self.cache)
             if spare:
                 crop(self.cache, start + len(ids))
         except BaseException:  # e.g. Ctrl-C: some layers may hold the new tokens and others not
