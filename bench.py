@@ -373,7 +373,7 @@ def measure(args: argparse.Namespace, prompts: list[Prompt], models: Models, sta
                    "threads": torch.get_num_threads(), "max_new_tokens": args.max_new_tokens,
                    "decoding": repr(config.processor), "seed": args.seed,
                    "strategy_settings": asdict(started.settings), "drafter_compiled": started.compiled is not None,
-                   "target_compiled": started.target_compiled is not None,
+                   "target_compiled": models.target_lm.whole_model is not None,
                    "target_path": str(started.identity.path), "contestants": [c.describe() for c in contestants]}
     checkpoint = Checkpoint(out / "progress.jsonl", fingerprint, resume=args.resume)
     if checkpoint.done:

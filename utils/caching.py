@@ -309,10 +309,8 @@ class CachedModel:
         try:
             prefill = self.prefill_model is not None and len(ids) >= self.prefill_from
             model = self.prefill_model if prefill else self.model
-            if self.whole_model is not None:
-                model = self.whole_model
-            elif step and self.step_model is not None:
-                model = self.step_model
+            if whole or (step and self.step_model is not None):  # a graph's module has no truth value: no `or`
+                model = self.whole_model if whole else self.step_model
             if self.prefill_model is not None:  # two dtypes may share this cache
                 self._cache_in((self.prefill_model if prefill else self.model).dtype)
             with (torch.inference_mode() if step else contextlib.nullcontext(),  # the graph was compiled for it
