@@ -33,25 +33,33 @@ CONTEXT = 128  # cached tokens when the forwards are timed: a short chat turn
 ACCEPTANCE = 0.9  # a draft the drafter is sure of is accepted this often (the rounds where gamma's cap binds)
 TREE_SLACK = 1.05  # the verify width grows past the chain while a forward costs at most this much more
 MAX_GAMMA = 16
-SCHEMA = 2  # 2: "date" (was "measured")
+SCHEMA = 3  # 3: the fastest of the repeats, the widths in turn (was their median, one width after another)
 PROBE_SCHEMA = 1  # the row-invariance record (models/invariance.py); raised when the probe or the paths change
 
 
 def time_forward(lm: CachedModel, context: list[int], new: list[int], repeats: int) -> float:
     """Median seconds of one forward over `new` after `context` is cached; the cache is rolled back each time."""
+    return statistics.median(time_forwards(lm, context, [new], repeats)[0])
+
+
+def time_forwards(lm: CachedModel, context: list[int], news: list[list[int]], repeats: int) -> list[list[float]]:
+    """Seconds of each forward over one of `news` after `context` is cached, `repeats` times each, the forwards taken
+    in turn (a slow spell of the machine falls on all of them alike); the cache is rolled back after each."""
     lm.reset()
+    samples: list[list[float]] = [[] for _ in news]
     with torch.inference_mode():
         lm.forward(context)
-        lm.forward(new)  # one untimed pass: first-call allocations
-        lm.crop(len(context))
-        samples = []
-        for _ in range(repeats):
-            start = time.perf_counter()
+        for new in news:  # one untimed pass: first-call allocations
             lm.forward(new)
-            samples.append(time.perf_counter() - start)
             lm.crop(len(context))
+        for _ in range(repeats):
+            for new, times in zip(news, samples, strict=True):
+                start = time.perf_counter()
+                lm.forward(new)
+                times.append(time.perf_counter() - start)
+                lm.crop(len(context))
     lm.reset()
-    return statistics.median(samples)
+    return samples
 
 
 @dataclass(frozen=True)
@@ -66,21 +74,30 @@ class Calibration:
     date: str  # ISO date of the timing
 
     @property
+    def forward_ms(self) -> dict[int, float]:
+        """`target_ms` made non-decreasing from the right: a forward over fewer tokens costs no more than one over
+        more, so a timing the machine slowed (a one-token step above a verify of 2) gives way to the wider ones'."""
+        envelope, lowest = {}, float("inf")
+        for width in sorted(self.target_ms, reverse=True):
+            lowest = envelope[width] = min(lowest, self.target_ms[width])
+        return envelope
+
+    @property
     def draft_cost(self) -> float | None:
         """c: the drafter's step in target steps."""
-        return None if self.drafter_ms is None else self.drafter_ms / self.target_ms[1]
+        return None if self.drafter_ms is None else self.drafter_ms / self.forward_ms[1]
 
     def verify_cost(self, tokens: int) -> float:
         """A target forward over `tokens` new tokens in one-token steps, interpolated between the timed widths."""
-        widths = sorted(self.target_ms)
+        ms = self.forward_ms
+        widths = sorted(ms)
         if tokens <= widths[0]:
             return 1.0
         for low, high in zip(widths, widths[1:], strict=False):
             if tokens <= high:
                 share = (tokens - low) / (high - low)
-                ms = self.target_ms[low] + share * (self.target_ms[high] - self.target_ms[low])
-                return ms / self.target_ms[1]
-        return self.target_ms[widths[-1]] / self.target_ms[1] * tokens / widths[-1]  # past the last: linear
+                return (ms[low] + share * (ms[high] - ms[low])) / ms[1]
+        return ms[widths[-1]] / ms[1] * tokens / widths[-1]  # past the last: linear
 
     def as_dict(self) -> dict:
         return {"schema": SCHEMA, **asdict(self), "target_ms": {str(k): v for k, v in self.target_ms.items()}}
@@ -139,15 +156,20 @@ def key_file(cache_dir: Path, key: dict, kind: str = "") -> Path:
 
 
 def measure(target: CachedModel, drafter: CachedModel | None, key: dict, widths: tuple[int, ...] = WIDTHS,
-            context: int = CONTEXT, repeats: int = 3) -> Calibration:
-    """Time the target's forward over each of `widths` new tokens and the drafter's step after `context` tokens."""
+            context: int = CONTEXT, repeats: int = 5) -> Calibration:
+    """Time the target's forward over each of `widths` new tokens and the drafter's step after `context` tokens: the
+    fastest of `repeats`, the widths in turn."""
     started = time.perf_counter()
     vocab = min(lm.vocab_size for lm in (target, drafter) if lm is not None)
     context = min(context, target.max_length - max(widths) - 1)
     ids = [(i * 7919 + 13) % vocab for i in range(context + max(widths))]  # any tokens will do
     prompt, new = ids[:context], ids[context:]
-    target_ms = {n: time_forward(target, prompt, new[:n], repeats) * 1e3 for n in sorted(set(widths) | {1})}
-    drafter_ms = time_forward(drafter, prompt, new[:1], max(repeats, 5)) * 1e3 if drafter is not None else None
+    counts = sorted(set(widths) | {1})
+    timed = time_forwards(target, prompt, [new[:n] for n in counts], repeats)
+    target_ms = {n: min(times) * 1e3 for n, times in zip(counts, timed, strict=True)}  # noise only adds
+    drafter_ms = None
+    if drafter is not None:
+        drafter_ms = min(time_forwards(drafter, prompt, [new[:1]], max(repeats, 5))[0]) * 1e3
     return Calibration(key, target_ms, drafter_ms, context, time.perf_counter() - started,
                        datetime.datetime.now().astimezone().isoformat(timespec="seconds"))
 
@@ -245,7 +267,7 @@ def choose(calibration: Calibration, base: StrategySettings = StrategySettings()
     width = max(widths)
     alternatives = base.draft_alternatives if width > gamma + 1 else 0
     cumulative = round(min(max(step_cost * rate[gamma], 0.05), 0.9), 2) if c is not None else base.draft_cumulative
-    ms = calibration.target_ms
+    ms = calibration.forward_ms
     near4, widest = min(ms, key=lambda n: abs(n - 4)), max(ms)
     reasons = [
         f"target forward {ms[1]:.0f} ms for 1 token, {ms[near4]:.0f} ms for {near4}, {ms[widest]:.0f} ms for "

@@ -25,9 +25,10 @@ from utils.checks import SettingError, integer
 from utils.logits_processor import make_processor
 from utils.paths import output_dir_problem
 
-KERNEL_SETS = ("amx-int8", "avx512-vnni", "avx2")  # csrc/ops.cpp's names, best first
+KERNEL_SETS = ("amx-int8", "avx512-tiles", "avx512-vnni", "avx2")  # csrc/ops.cpp's names, best first
 # What torch and oneDNN are held to where --kernels names a set below the CPU's best: their own kernels then match it.
-TORCH_ISA = {"avx512-vnni": ("avx512", "AVX512_CORE_BF16"), "avx2": ("avx2", "AVX2")}
+TORCH_ISA = {"avx512-tiles": ("avx512", "AVX512_CORE_BF16"), "avx512-vnni": ("avx512", "AVX512_CORE_BF16"),
+             "avx2": ("avx2", "AVX2")}
 
 
 def hold_torch_to(kernel_set: str | None) -> None:

@@ -27,6 +27,8 @@ UNITS = {"ops.cpp": ["-fopenmp"], "attention.cpp": ["-fopenmp", "-mavx2", "-mfma
          "blocks_avx2.cpp": ["-mavx2", "-mfma", "-mf16c"],
          "blocks_avx512.cpp": ["-mavx2", "-mfma", "-mf16c", "-mavx512f", "-mavx512bw", "-mavx512dq", "-mavx512vl",
                                "-mavx512vnni"],
+         "blocks_tiles.cpp": ["-mavx2", "-mfma", "-mf16c", "-mavx512f", "-mavx512bw", "-mavx512dq", "-mavx512vl",
+                              "-mavx512vnni"],
          "blocks_amx.cpp": ["-mavx2", "-mfma", "-mf16c", "-mavx512f", "-mavx512bw", "-mavx512dq", "-mavx512vl",
                             "-mavx512vnni", "-mamx-tile", "-mamx-int8"],
          "rows.cpp": ["-fopenmp"], "lanes.cpp": []}

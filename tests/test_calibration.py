@@ -37,6 +37,14 @@ def test_verify_cost_interpolates_between_timed_widths_and_extends_past_the_last
     assert cal.verify_cost(16) == pytest.approx(4.0)  # 2.0 at 8, linear beyond
 
 
+def test_a_one_token_step_the_machine_slowed_gives_way_to_the_wider_forwards_timings():
+    noisy = calibration({1: 42.0, 2: 32.0, 3: 52.0, 4: 49.0, 6: 47.0, 8: 58.0, 20: 133.0}, drafter_ms=13.0)
+    assert noisy.forward_ms == {1: 32.0, 2: 32.0, 3: 47.0, 4: 47.0, 6: 47.0, 8: 58.0, 20: 133.0}
+    assert noisy.verify_cost(2) == 1.0 and noisy.draft_cost == pytest.approx(13 / 32)
+    widths = sorted(noisy.forward_ms)
+    assert all(noisy.verify_cost(a) <= noisy.verify_cost(b) for a, b in zip(widths, widths[1:], strict=False))
+
+
 def test_a_flat_verify_curve_drafts_long_and_fills_the_flat_width_with_alternatives():
     choice = choose(calibration(FLAT_TO_14, drafter_ms=9.0))
     s = choice.settings

@@ -102,8 +102,8 @@ def test_packing_keeps_every_bit_and_lookups_read_the_packed_rows(isa, block_typ
     raw = torch.from_numpy(random_blocks(block_type, out_features, in_features, seed=7))
     packed, type_id = kernels.pack(raw, block_type)
     # the AVX-512 kernels (and the AMX ones, for what they leave to them) read every type packed, AVX2 all but Q8_0
-    repacks = in_features % 128 == 0 and (isa in ("avx512-vnni", "amx-int8") or block_type != "Q8_0")
-    tiled = (isa == "amx-int8" and out_features % 16 == 0
+    repacks = in_features % 128 == 0 and (isa != "avx2" or block_type != "Q8_0")
+    tiled = (isa in ("amx-int8", "avx512-tiles") and out_features % 16 == 0
              and (block_type in ("Q4_K", "Q6_K") or block_type == "Q4_0" and in_features % 128 == 0))
     assert (type_id in kernels.PACKED) == repacks and (packed is raw) != repacks
     assert (type_id > 512) == tiled
@@ -143,17 +143,34 @@ def test_the_avx2_kernels_read_the_avx512_layouts_and_q4_k_gets_the_same_bits(bl
     assert torch.equal(narrow, wide) if block_type == "Q4_K" else torch.allclose(narrow, wide, rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.skipif("amx-int8" not in kernels.isas(), reason="the CPU runs no AMX-INT8")
-def test_weights_tiled_for_amx_are_refused_by_the_other_kernels_with_the_reason():
-    packed, type_id = kernels.pack(torch.from_numpy(random_blocks("Q6_K", 16, 256)), "Q6_K")
-    assert type_id > 512
+@pytest.mark.skipif("avx512-tiles" not in kernels.isas(), reason="the CPU runs no AVX-512 VNNI")
+def test_weights_tiled_are_refused_by_the_kernels_that_read_lanes_with_the_reason():
     try:
+        kernels.use("avx512-tiles")
+        packed, type_id = kernels.pack(torch.from_numpy(random_blocks("Q6_K", 16, 256)), "Q6_K")
+        assert type_id > 512
         for other in ("avx512-vnni", "avx2"):
             kernels.use(other)
-            with pytest.raises(RuntimeError, match="packed for the amx-int8 kernels"):
+            with pytest.raises(RuntimeError, match=f"packed for the {kernels.isas()[0]} kernels"):
                 torch.ops.specchat.gguf_mm(torch.randn(1, 256), packed, type_id, 16, None)
     finally:
         kernels.use()
+
+
+@pytest.mark.skipif("amx-int8" not in kernels.isas(), reason="the CPU runs no AMX-INT8")
+@pytest.mark.parametrize("block_type", ["Q4_K", "Q6_K", "Q4_0"])
+def test_the_tile_layout_gives_the_same_bits_with_amx_and_with_vnni_alone(block_type):
+    raw = torch.from_numpy(random_blocks(block_type, 32, 512, seed=13))
+    x = torch.randn(16, 512, generator=torch.Generator().manual_seed(14))  # a full tile of rows: AMX's multiplies
+    try:
+        kernels.use("amx-int8")
+        packed, type_id = kernels.pack(raw, block_type)
+        tiles = torch.ops.specchat.gguf_mm(x, packed, type_id, 32, None)
+        kernels.use("avx512-tiles")
+        vnni = torch.ops.specchat.gguf_mm(x, packed, type_id, 32, None)
+    finally:
+        kernels.use()
+    assert type_id > 512 and torch.equal(vnni, tiles)
 
 
 @pytest.mark.parametrize("block_type", ["Q8_0", "Q4_0"])

@@ -76,6 +76,9 @@ extern const Kernels kernels;
 namespace avx512 {
 extern const Kernels kernels;
 }
+namespace avx512_tiles {
+extern const Kernels kernels;
+}
 namespace amx {
 bool available();  // the CPU has AMX-INT8 and the OS lets this process use its tiles
 extern const Kernels kernels;

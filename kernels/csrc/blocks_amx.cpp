@@ -1,4 +1,5 @@
 // AMX-INT8 and AVX-512 VNNI kernels for Q4_K, Q6_K and Q4_0 weights packed as tiles (lanes.h): 16 output columns at a time.
+// Built twice: with AMX (-mamx-int8: the "amx-int8" set) and without (blocks_tiles.cpp: "avx512-tiles", VNNI only).
 // The exact int32 dot products of the rows with the 16 columns, one vector of 16 per row and scale group, come from
 // one tile multiply per group for a full tile of 16 rows of Q4_K or Q4_0, else from VNNI (each tile row of codes times
 // the row's four activations, broadcast); the float steps then run on vectors of the 16 columns. A unit's codes are decoded once per
@@ -18,9 +19,19 @@
 #include "lanes.h"
 
 namespace specchat {
+#ifdef __AMX_INT8__
 namespace amx {
+#else
+namespace avx512_tiles {
+#endif
 namespace {
 
+inline __m512i load(const void* p) { return _mm512_loadu_si512(p); }
+inline void store(void* p, __m512i v) { _mm512_storeu_si512(p, v); }
+inline __m512 halves(const uint8_t* p) { return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))); }
+
+#ifdef __AMX_INT8__
+constexpr bool kAmx = true;
 constexpr long kRequestPermission = 0x1023;  // arch_prctl ARCH_REQ_XCOMP_PERM
 constexpr long kTileData = 18;               // XFEATURE_XTILEDATA
 
@@ -49,10 +60,6 @@ void configure(int64_t rows) {
   _tile_loadconfig(&config);
 }
 
-inline __m512i load(const void* p) { return _mm512_loadu_si512(p); }
-inline void store(void* p, __m512i v) { _mm512_storeu_si512(p, v); }
-inline __m512 halves(const uint8_t* p) { return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))); }
-
 // The int32 sums of `groups` scale groups of 32 values, group t from activations `x` + 32 t (stride k) and weights
 // `b` + 512 t (as tiles: the group's values in fours, 16 columns each), into `sums` + 256 t.
 void multiply(const int8_t* x, int64_t k, const uint8_t* b, int groups, int32_t* sums) {
@@ -69,6 +76,9 @@ void multiply(const int8_t* x, int64_t k, const uint8_t* b, int groups, int32_t*
     _tile_stored(5, sums + (t + 1) * 256, 64);
   }
 }
+#else
+constexpr bool kAmx = false;
+#endif
 
 // The int32 sums of one row with one scale group's tile rows of codes (16 columns, four values a row) with VNNI:
 // each tile row times the row's four activations there, broadcast; two chains for half the latency.
@@ -243,10 +253,12 @@ void columns(const uint8_t* w, const RowTerms& t, float* acc) {
   for (int64_t u = 0; u < units; ++u) {
     const uint8_t* unit = w + u * bytes;
     if constexpr (kTiles) {
+#ifdef __AMX_INT8__
       multiply(t.x + u * values, t.k, codes[u % 2], groups, sums);
       if (u + 1 < units) decode_nibbles<groups / 2>(unit + bytes, codes[(u + 1) % 2]);
       if constexpr (q4_0) floats_groups<Q40Scales, 4>(unit, u, t, sums, acc);
       else floats_groups<Q4Scales, 8>(unit, u, t, sums, acc);
+#endif
     } else {
       if constexpr (six) vnni_q6_k(unit, u, t, acc);
       else if constexpr (q4_0) vnni_nibbles<Q40Scales, 2>(unit, u, t, acc);
@@ -266,7 +278,7 @@ constexpr int64_t kTileRows = 16;
 
 void matmul(int64_t type, const uint8_t* w, int64_t row_bytes, const Activations& a, int64_t row0, int64_t count,
             const float* bias, float* out, int64_t n_out, int64_t n0, int64_t n1) {
-  const bool six = type == Q6_K_TILES, q4_k = type == Q4_K_TILES, tiles = count == kTileRows && !six;
+  const bool six = type == Q6_K_TILES, q4_k = type == Q4_K_TILES, tiles = kAmx && count == kTileRows && !six;
   const int64_t groups = a.k / 32;
   std::vector<float> sums(static_cast<size_t>(q4_k ? count * groups : 0));
   std::vector<int32_t> offsets(static_cast<size_t>(q4_k ? 0 : six ? count * 2 * groups : count * groups));
@@ -283,7 +295,9 @@ void matmul(int64_t type, const uint8_t* w, int64_t row_bytes, const Activations
     }
   }
   const RowTerms terms{a.q + row0 * a.k, a.d + row0 * groups, sums.data(), offsets.data(), a.k, count};
+#ifdef __AMX_INT8__
   if (tiles) configure(count);
+#endif
   alignas(64) float acc[16 * 16];
   const auto run = six ? columns<Q6_K_TILES, false>
                    : q4_k ? (tiles ? columns<Q4_K_TILES, true> : columns<Q4_K_TILES, false>)
@@ -296,7 +310,9 @@ void matmul(int64_t type, const uint8_t* w, int64_t row_bytes, const Activations
     for (int64_t m = 0; m < count; ++m)
       _mm512_storeu_ps(out + (row0 + m) * n_out + n, _mm512_add_ps(_mm512_load_ps(acc + 16 * m), add));
   }
+#ifdef __AMX_INT8__
   if (tiles) _tile_release();
+#endif
 }
 
 bool takes(int64_t type, int64_t) { return is_tiled(type); }
@@ -308,6 +324,7 @@ int64_t layout(int64_t type, int64_t k, int64_t n) {
 
 }  // namespace
 
+#ifdef __AMX_INT8__
 bool available() {
   static const bool ready = [] {
     unsigned eax, ebx, ecx, edx;
@@ -319,6 +336,9 @@ bool available() {
 }
 
 const Kernels kernels = {"amx-int8", [](int64_t) { return false; }, 16, takes, layout, quantize, matmul};
+#else
+const Kernels kernels = {"avx512-tiles", [](int64_t) { return false; }, 16, takes, layout, quantize, matmul};
+#endif
 
-}  // namespace amx
+}  // namespace amx / avx512_tiles
 }  // namespace specchat

@@ -36,6 +36,7 @@ bool has_amx() { return has_avx512_vnni() && amx::available(); }
 std::vector<const Kernels*> runnable() {
   std::vector<const Kernels*> all;
   if (has_amx()) all.push_back(&amx::kernels);
+  if (has_avx512_vnni()) all.push_back(&avx512_tiles::kernels);
   if (has_avx512_vnni()) all.push_back(&avx512::kernels);
   if (has_avx2()) all.push_back(&avx2::kernels);
   return all;
@@ -50,7 +51,7 @@ std::atomic<const Kernels*>& chosen() {
 // The kernels that read weights of this type: the chosen ones, or for a type they do not take the next set below them
 // that does (the AMX kernels leave Q5_0 and Q8_0 to the AVX-512 ones, both leave the file's own layouts to AVX2).
 const Kernels* reading(int64_t type, int64_t k) {
-  const Kernels* order[] = {&amx::kernels, &avx512::kernels, &avx2::kernels};
+  const Kernels* order[] = {&amx::kernels, &avx512_tiles::kernels, &avx512::kernels, &avx2::kernels};
   bool below = false;
   for (const Kernels* kernels : order) {
     below = below || kernels == chosen().load();
@@ -59,8 +60,13 @@ const Kernels* reading(int64_t type, int64_t k) {
   return nullptr;
 }
 
-// The kernels whose packed layout this type is.
-const char* packed_for(int64_t type) { return is_tiled(type) ? amx::kernels.name : avx512::kernels.name; }
+// The best kernels this CPU runs that read this packed layout.
+const char* packed_for(int64_t type, int64_t k) {
+  for (const Kernels* kernels : runnable()) {
+    if (kernels->takes(type, k)) return kernels->name;
+  }
+  return "no";
+}
 
 std::string gguf_isa() {
   const Kernels* kernels = chosen().load();
@@ -90,7 +96,7 @@ at::Tensor gguf_mm(const at::Tensor& x, const at::Tensor& w, int64_t type, int64
                    const c10::optional<at::Tensor>& bias) {
   TORCH_CHECK(chosen().load(), "specchat::gguf_mm needs a CPU with AVX2 and FMA");
   const Kernels* kernels = reading(type, x.size(1));
-  TORCH_CHECK(kernels, "specchat::gguf_mm: these weights were packed for the ", packed_for(type), " kernels and the ",
+  TORCH_CHECK(kernels, "specchat::gguf_mm: these weights were packed for the ", packed_for(type, x.size(1)), " kernels and the ",
               chosen().load()->name, " ones run now: pack them again");
   BlockFormat format;
   TORCH_CHECK(block_format(type, &format), "specchat::gguf_mm: GGML type ", type, " is not supported");
