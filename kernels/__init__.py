@@ -79,8 +79,8 @@ def build_id() -> str:
 
 
 def isa() -> str:
-    """The instruction set the kernels run with here ("amx-int8", "avx512-vnni", "avx2"), or "" where they cannot
-    run."""
+    """The instruction set the kernels run with here ("amx-int8", "avx512-tiles", "avx512-vnni", "avx2"), or "" where
+    they cannot run."""
     return "" if unavailable() else str(torch.ops.specchat.gguf_isa())
 
 
@@ -108,8 +108,8 @@ def row_attention(q: Tensor, k: Tensor, v: Tensor, seen: Tensor | None, scaling:
 def pack(blocks: Tensor, block_type: str) -> tuple[Tensor, int]:
     """A GGUF tensor's blocks, uint8 (rows, bytes of one row), as the kernels in use read them best, and the type id
     to run them with: the AVX-512 kernels read every type rearranged (the same values; `unpack` gives the file's bytes
-    back), the AMX ones Q4_K and Q6_K as tiles of 16 rows (where the rows are whole tiles), the AVX2 kernels every
-    type but Q8_0 as the AVX-512 ones (Q8_0: the file's own blocks, not copied)."""
+    back), the tile sets (AMX, or VNNI alone) Q4_K, Q6_K and Q4_0 as tiles of 16 rows (where the rows are whole
+    tiles), the AVX2 kernels every type but Q8_0 as the AVX-512 ones (Q8_0: the file's own blocks, not copied)."""
     if (reason := unavailable()) is not None:
         raise RuntimeError(f"the GGUF block kernels cannot run here: {reason}")
     type_id, per_block, block_bytes = BLOCKS[block_type]
