@@ -36,8 +36,7 @@ bool has_amx() { return has_avx512_vnni() && amx::available(); }
 std::vector<const Kernels*> runnable() {
   std::vector<const Kernels*> all;
   if (has_amx()) all.push_back(&amx::kernels);
-  if (has_avx512_vnni()) all.push_back(&avx512_tiles::kernels);
-  if (has_avx512_vnni()) all.push_back(&avx512::kernels);
+  if (has_avx512_vnni()) all.insert(all.end(), {&avx512_tiles::kernels, &avx512::kernels});
   if (has_avx2()) all.push_back(&avx2::kernels);
   return all;
 }
@@ -49,7 +48,7 @@ std::atomic<const Kernels*>& chosen() {
 }
 
 // The kernels that read weights of this type: the chosen ones, or for a type they do not take the next set below them
-// that does (the AMX kernels leave Q5_0 and Q8_0 to the AVX-512 ones, both leave the file's own layouts to AVX2).
+// that does (the tile sets leave Q5_0 and Q8_0 to the lane set, which leaves the file's own layouts to AVX2).
 const Kernels* reading(int64_t type, int64_t k) {
   const Kernels* order[] = {&amx::kernels, &avx512_tiles::kernels, &avx512::kernels, &avx2::kernels};
   bool below = false;
@@ -65,7 +64,7 @@ const char* packed_for(int64_t type, int64_t k) {
   for (const Kernels* kernels : runnable()) {
     if (kernels->takes(type, k)) return kernels->name;
   }
-  return "no";
+  return "another CPU's";  // no set this CPU runs reads it
 }
 
 std::string gguf_isa() {
