@@ -5,11 +5,17 @@ A compile beside a decode makes the decode crawl: the compile holds the CPU and,
 lock. A Python thread cannot be suspended from outside, so the work pauses itself: a trace function (set for its
 thread only, called on each Python function call, no line events) waits while the pause is on. C code the work is in
 when the pause starts runs on until it returns to Python.
+
+At a pause the work also lets its OpenMP team go. A thread that has run a parallel region keeps its team's threads,
+idle, until it ends; while libgomp keeps more threads than the machine has cores, every team stops spinning between
+regions, and a decode step of some two hundred short regions then waits on the kernel at each (docs/options.md).
 """
 
 from __future__ import annotations
 
 import contextlib
+import ctypes
+import functools
 import sys
 import threading
 from collections.abc import Callable, Iterator
@@ -69,6 +75,7 @@ class PausableThread(Generic[T]):
 
     def _trace(self, frame, event, arg):
         if not self._go.is_set():
+            release_openmp_team()
             self._waiting.set()
             self._go.wait()
             self._waiting.clear()
@@ -82,3 +89,23 @@ class PausableThread(Generic[T]):
             self.error = error
         finally:
             sys.settrace(None)
+
+
+@functools.cache
+def _openmp() -> ctypes.CDLL | None:
+    try:
+        return ctypes.CDLL("libgomp.so.1")  # the copy torch loaded: a loaded library is found by its name
+    except OSError:
+        return None
+
+
+def release_openmp_team() -> bool:
+    """Let the calling thread's idle OpenMP team go (its next parallel region makes a new one), keeping its thread
+    count; whether the runtime did. Outside a parallel region only."""
+    runtime = _openmp()
+    if runtime is None:
+        return False
+    threads = runtime.omp_get_max_threads()
+    released = runtime.omp_pause_resource_all(1) == 0  # omp_pause_soft; it also drops the thread's own settings
+    runtime.omp_set_num_threads(threads)
+    return released

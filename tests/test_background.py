@@ -1,7 +1,10 @@
 """chat.background: a background thread held at its next Python call while a pause lasts."""
 
+import os
 import threading
 import time
+
+import torch
 
 from chat.background import PausableThread
 
@@ -54,3 +57,34 @@ def test_join_resumes_paused_work_and_an_error_is_kept():
     with thread.paused():
         assert thread.join(5)
     assert isinstance(thread.error, RuntimeError) and thread.result is None and not thread.running
+
+
+def test_held_work_keeps_no_openmp_team_and_keeps_its_thread_count():
+    """A team kept by a waiting thread would make every other team stop spinning between its regions."""
+    def tasks() -> int:
+        return len(os.listdir("/proc/self/task"))
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        stop, counts, big = threading.Event(), [0], torch.ones(1 << 22)
+
+        def work():
+            while not stop.is_set():
+                big.sum()  # a parallel region: the thread's own team of two
+                counts[0] += 1
+            return torch.get_num_threads()
+
+        thread = PausableThread(work, "team").start()
+        until(lambda: counts[0] >= 10)
+        running = tasks()
+        with thread.paused():
+            until(lambda: thread.waiting)
+            until(lambda: tasks() == running - 1)  # its team's other thread is gone
+        held = counts[0]
+        until(lambda: counts[0] > held)
+        until(lambda: tasks() == running)  # the next region made a new one
+        stop.set()
+        assert thread.join(5) and thread.result == 2
+    finally:
+        torch.set_num_threads(before)
