@@ -94,9 +94,10 @@ class PausableThread(Generic[T]):
 @functools.cache
 def _openmp() -> ctypes.CDLL | None:
     try:
-        return ctypes.CDLL("libgomp.so.1")  # the copy torch loaded: a loaded library is found by its name
+        runtime = ctypes.CDLL("libgomp.so.1")  # the copy torch loaded: a loaded library is found by its name
     except OSError:
         return None
+    return runtime if hasattr(runtime, "omp_pause_resource_all") else None  # OpenMP 5.0: GCC 9 on
 
 
 def release_openmp_team() -> bool:
