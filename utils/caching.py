@@ -18,6 +18,8 @@ from transformers.cache_utils import CacheLayerMixin, DynamicLayer
 
 from utils.compiling import every_size
 
+LAST_HIDDEN = -1  # `output_hidden_states` selecting the last one only (transformers takes an index)
+
 
 class GrowingLayer(DynamicLayer):
     """A `DynamicLayer` whose keys and values are views of a longer buffer, grown by half again when full: a forward
@@ -222,7 +224,8 @@ class CachedModel:
 
     `whole_model`: `model` compiled for every forward (`compile_whole`, the target's), which it then takes for all of
     them, prompts and token trees too, so that every row the cache holds and every logit comes from the one graph.
-    It is handed over by `adopt_compiled`, between turns: a turn runs one graph from its start to its end.
+    It is handed over by `adopt_compiled`, between turns: a turn runs one graph from its start to its end. It gives
+    the last hidden states too, so a draft head reads them from the graph.
 
     `keep_hidden()`: from then on `hidden` also holds the model's last hidden state (after its final norm) of every
     cached token, row for row with `tokens`, through crops and moved rows alike: what draft heads read.
@@ -250,7 +253,6 @@ class CachedModel:
         """Record hidden states from the next forward on (the cached tokens before it have none: they are dropped)."""
         if not self.keeps_hidden:
             self.keeps_hidden = True
-            self.whole_model = self._compiled_whole = None  # its graph gives no hidden states
             self.reset()
 
     @property
@@ -291,14 +293,14 @@ class CachedModel:
             self._start_buffers()
         step = whole or (self.step_model is not None and 0 < len(ids) < self.prefill_from and not spare and start >= 2
                          and not model_kwargs and not self.keeps_hidden)
-        if self.keeps_hidden:
-            model_kwargs["output_hidden_states"] = True
         if step:
             reserve(self.cache, start + len(ids) + spare)  # the compiled graph writes the new rows in place
         fed = ids + ids[-1:] * spare
         if whole and not model_kwargs:  # as a tree's rows come: one graph for both, whatever the rows
             allowed = torch.ones(len(fed), start + len(fed), dtype=torch.bool).tril(start)
             model_kwargs = self._masked(allowed, torch.arange(start, start + len(fed)))
+        if self.keeps_hidden or whole:  # the graph always gives it: one graph with a draft head or without
+            model_kwargs["output_hidden_states"] = LAST_HIDDEN
         if "position_ids" not in model_kwargs:
             model_kwargs["position_ids"] = torch.arange(start, start + len(fed), device=self.device)[None]
         input_ids = torch.tensor([fed], dtype=torch.long, device=self.device)
@@ -365,15 +367,16 @@ class CachedModel:
 
     def adopt_compiled(self) -> bool:
         """Take the graph `compile_whole` made for every forward from now on (between turns); whether one runs."""
-        if self._compiled_whole is not None and not self.keeps_hidden:  # a head came while it compiled
+        if self._compiled_whole is not None:
             self.whole_model, self._compiled_whole = self._compiled_whole, None
         return self.whole_model is not None
 
     def _start_buffers(self) -> None:
-        """Make a new cache's buffers (one token fed eagerly, then dropped): a compiled graph writes into them."""
+        """Make a new cache's buffers (one token fed eagerly, then dropped): a compiled graph writes into them. The
+        same forward installs transformers' hooks that give the hidden states, which a graph cannot install."""
         with torch.inference_mode():
             self.model(input_ids=torch.zeros(1, 1, dtype=torch.long, device=self.device), past_key_values=self.cache,
-                       use_cache=True, logits_to_keep=1)
+                       use_cache=True, logits_to_keep=1, output_hidden_states=LAST_HIDDEN)
         crop(self.cache, 0)
 
     def extend(self, seq: list[int], keep: int = 1) -> Tensor:

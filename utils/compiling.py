@@ -54,8 +54,6 @@ def compile_whole(lm: CachedModel, workers: int | None = None) -> tuple[Callable
 
     if lm.prefill_model is not None:
         raise ValueError("a model with a prefill form of its own is not compiled whole")
-    if lm.keeps_hidden:
-        raise ValueError("a model that keeps its hidden states is not compiled whole")
     started = time.perf_counter()
     graph = _compiled(lm)
     scratch = CachedModel(lm.model)
