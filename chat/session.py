@@ -171,8 +171,10 @@ class ChatSession:
                 if wanted and lm is not None]
         if not jobs:
             return None
-        for name, _ in jobs:
+        for name, lm in jobs:
             self._set_compile_status(name, COMPILING)
+            if name == "target":
+                lm.prepare_whole()
 
         def work():
             for name, lm in jobs:

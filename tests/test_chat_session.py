@@ -436,3 +436,24 @@ def test_a_prompt_that_does_not_fit_is_advised_in_the_callers_words(short_pair):
     with pytest.raises(ValueError, match=r"leaves no room for a prompt in the model's context \(96\): lower "
                                          r"--max-new-tokens$"):
         run_oneshot(session, INFO, "Hello!", Console(file=io.StringIO()), None)
+
+
+@pytest.mark.slow
+def test_the_target_compile_thread_never_installs_the_hidden_state_hooks(pair, monkeypatch):
+    """transformers installs them under a lock at the first forward asking for hidden states: a compile held at a
+    pause inside it would stall a draft head's forward in the turn. They are installed before the thread starts."""
+    from transformers.utils import output_capturing
+
+    plain = AutoModelForCausalLM.from_pretrained(pair.target.source, dtype=torch.float32).eval()  # no hooks yet
+    installed_on, install = [], output_capturing.install_all_output_capturing_hooks
+
+    def recorded(model, *args, **kwargs):
+        installed_on.append(threading.current_thread().name)
+        return install(model, *args, **kwargs)
+
+    monkeypatch.setattr(output_capturing, "install_all_output_capturing_hooks", recorded)
+    settings = ChatSettings(strategies=("autoregressive",))
+    session = ChatSession(pair.target.tokenizer, plain, None, pair.end_ids, settings)
+    session.compile_models(drafter=False, target=True).join()
+    assert session.target_compile_status != "compiling (background)"  # it traced (this graph is then refused)
+    assert installed_on == [threading.current_thread().name]

@@ -365,6 +365,12 @@ class CachedModel:
         self._compiled_whole, seconds = compile_whole(self, workers)
         return seconds
 
+    def prepare_whole(self) -> None:
+        """What `compile_whole` needs done on the decoding thread when it runs on another: transformers installs its
+        hidden-state hooks under a lock at the first forward asking for them, and a compile held at a pause while
+        holding it would stall a turn's forward that asks too (a draft head's). One eager token, on a scratch cache."""
+        CachedModel(self.model)._start_buffers()
+
     def adopt_compiled(self) -> bool:
         """Take the graph `compile_whole` made for every forward from now on (between turns); whether one runs."""
         if self._compiled_whole is not None:
