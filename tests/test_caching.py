@@ -259,6 +259,21 @@ def test_a_growing_layer_writes_each_forward_in_place_and_holds_what_concatenati
     assert got[0].dtype == torch.float64 and all(torch.equal(a, b) for a, b in zip(got, want, strict=True))
 
 
+def test_room_made_for_a_compiled_forward_is_never_exactly_full():
+    """A compiled step is traced with rows to spare in its buffers and guards on that: one filling them exactly would
+    be compiled again, in the middle of a turn."""
+    from utils.caching import GrowingLayer
+
+    layer = GrowingLayer()
+    k = torch.randn(1, 2, 5, 8)
+    layer.update(k, k)
+    capacity = layer._buffers[0].shape[-2]
+    layer.reserve(capacity - 1, k)
+    assert layer._buffers[0].shape[-2] == capacity  # room to spare: kept
+    layer.reserve(capacity, k)
+    assert layer._buffers[0].shape[-2] > capacity and torch.equal(layer.keys, k)
+
+
 def test_a_cached_model_grows_its_cache_in_place_until_it_takes_compiled_steps(target_model):
     from utils.caching import GrowingLayer
 

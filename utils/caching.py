@@ -116,10 +116,11 @@ def _starts(view: Tensor, buffer: Tensor) -> bool:
 
 
 def _takes(buffer: Tensor, like: Tensor, end: int) -> bool:
-    """Whether `buffer` takes `end` rows of tensors like `like` (their shape and dtype; writable in this mode)."""
+    """Whether `buffer` takes `end` rows of tensors like `like` (their shape and dtype; writable in this mode), and one
+    more: a graph traced with room to spare guards on it, and a buffer filled exactly would compile it again."""
     if buffer.is_inference() and not torch.is_inference_mode_enabled():  # no in-place writes to it out of that mode
         return False
-    return (buffer.shape[-2] >= end and buffer.dtype == like.dtype and buffer.shape[:-2] == like.shape[:-2]
+    return (buffer.shape[-2] > end and buffer.dtype == like.dtype and buffer.shape[:-2] == like.shape[:-2]
             and buffer.shape[-1] == like.shape[-1])
 
 
