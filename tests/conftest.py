@@ -1,11 +1,15 @@
 """Fixtures: the tiny random models most tests share (builders in tests/helpers.py)."""
 
+import signal
+
 import pytest
 import torch
 
 from tests.helpers import noisy_copy, tiny_model
 
 torch.set_num_threads(1)  # tiny models: threading costs more than it saves, and CI has two cores
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:  # a shell's background job starts so, and children inherit it
+    signal.signal(signal.SIGINT, signal.default_int_handler)  # the Ctrl-C tests need Ctrl-C to arrive
 
 
 @pytest.fixture(scope="session")
