@@ -174,8 +174,7 @@ def _stats(ctx: Context, arg: str) -> None:
     if ctx.session.compile_status:
         say(ctx.console, f"drafter step: {ctx.session.compile_status}")
     if ctx.session.target_compile_status:
-        target = ctx.session.target
-        use = " (in use)" if target.whole_model is not None else ""
+        use = " (in use)" if ctx.session.target.whole_model is not None else ""
         say(ctx.console, f"target forward: {ctx.session.target_compile_status}{use}")
     invariance = ctx.session.invariance
     if invariance:
