@@ -106,6 +106,11 @@ def _kind(engine: str, strategy: str | None, serving: Serving, notes: list[str])
     return kind
 
 
+def _head_lookup_note(s: StrategySettings, engine: str) -> list[str]:
+    return [f"{engine} drafts with the head alone (here prompt lookup drafts where the context holds a copy: "
+            "--no-head-lookup compares the same)"] if s.head_lookup else []
+
+
 def _vllm(kind: str | None, serving: Serving, s: StrategySettings, notes: list[str]) -> list[str]:
     argv = ["vllm", "serve", serving.target]
     if kind is None:
@@ -117,7 +122,7 @@ def _vllm(kind: str | None, serving: Serving, s: StrategySettings, notes: list[s
             config["use_heterogeneous_vocab"] = True
     elif kind == "eagle":
         config["model"] = serving.eagle
-        notes.extend(serving.eagle_notes)
+        notes.extend([*serving.eagle_notes, *_head_lookup_note(s, "vLLM")])
         notes.append(f"vLLM drafts a chain of {s.gamma} from the head (here: EAGLE-2's tree of up to "
                      f"{s.verify_width - 1} tokens)")
     config["num_speculative_tokens"] = s.gamma
@@ -136,7 +141,7 @@ def _sglang(kind: str | None, serving: Serving, s: StrategySettings, notes: list
                        "--speculative-ngram-min-match-window-size", str(s.lookup_min_ngram),
                        "--speculative-ngram-max-match-window-size", str(s.lookup_max_ngram)]
     if kind == "eagle":
-        notes.extend(serving.eagle_notes)
+        notes.extend([*serving.eagle_notes, *_head_lookup_note(s, "SGLang")])
         # EAGLE-2's tree as SGLang shapes it: gamma levels, `head_branch` children a node, the verify width in all
         token_map = ["--speculative-token-map", serving.token_map] if serving.token_map else []
         return argv + ["--speculative-draft-model-path", str(serving.eagle), "--speculative-num-steps", str(s.gamma),

@@ -119,8 +119,8 @@ def add_flag(group: argparse._ActionsContainer, setting: Setting, default: Any, 
     """`setting`'s flag: its type and help; the default a strategy setting's dataclass gives it, but none where
     calibration chooses it."""
     values = setting.values
-    if values[0].type is bool:
-        group.add_argument(*setting.flags, action="store_true", help=setting.help)
+    if values[0].type is bool:  # --flag / --no-flag; neither: the dataclass's default
+        group.add_argument(*setting.flags, action=argparse.BooleanOptionalAction, default=None, help=setting.help)
         return
     if setting.of == "strategy":
         builtin = tuple(getattr(StrategySettings, value.field) for value in values)

@@ -171,6 +171,11 @@ SETTINGS: tuple[Setting, ...] = (
             (Value("head_branch", word="head branch"),), flags=("--head-branch",), command="branch",
             done=lambda n: f"head branch = {n}" + (": eagle and medusa draft a chain" if n == 1 else
                                                    f": eagle and medusa keep each node's {n} likeliest children")),
+    Setting("head_lookup", "eagle and medusa: prompt lookup drafts where the context holds a copy, the head elsewhere "
+            "(auto's rule); off: the head alone", (Value("head_lookup", bool),), flags=("--head-lookup",),
+            command="head-lookup", arguments="[on|off]",
+            done=lambda on: "eagle and medusa: " + ("prompt lookup where the context holds a copy, the head elsewhere"
+                                                    if on else "the head alone drafts")),
     Setting("typical", f"sampling with eagle or medusa: Medusa's typical acceptance (threshold "
             f"{_s.typical_threshold:g}, alpha {_s.typical_alpha:g}). NOT lossless: the answer no longer follows the "
             "target's distribution", (Value("typical", bool),), flags=("--typical",), command="typical",

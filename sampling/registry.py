@@ -45,10 +45,13 @@ def build_strategy(name: str, target: CachedModel, drafter: CachedModel | None,
             raise ValueError(f"strategy {name!r} needs a trained {name} head (--head DIR; train one with "
                              f"train_head.py --kind {name})")
         tree = s.verify_width - 1
-        made = (EagleDrafter(target, head, s.head_branch, tree, s.head_cumulative) if name == "eagle"
-                else MedusaDrafter(target, head, s.head_branch, tree))
+        made: Drafter = (EagleDrafter(target, head, s.head_branch, tree, s.head_cumulative) if name == "eagle"
+                         else MedusaDrafter(target, head, s.head_branch, tree))
+        gamma = s.gamma
+        if s.head_lookup:
+            made, gamma = CombinedDrafter(lookup_for_copies(s), made, s.gamma), max(s.copy_gamma, s.gamma)
         typical = (s.typical_threshold, s.typical_alpha) if s.typical else None
-        return Speculative(target, made, s.gamma, name=name, typical=typical)
+        return Speculative(target, made, gamma, name=name, typical=typical)
     if name == "autoregressive":
         return Autoregressive(target)
     if name == "drafter":
@@ -69,8 +72,7 @@ def build_strategy(name: str, target: CachedModel, drafter: CachedModel | None,
 
     drafters = {
         "speculative": model_drafter,
-        "auto": lambda: CombinedDrafter(PromptLookupDrafter(s.lookup_max_ngram, s.auto_min_match, s.verify_width - 1),
-                                        model_drafter(), s.gamma),
+        "auto": lambda: CombinedDrafter(lookup_for_copies(s), model_drafter(), s.gamma),
         "ngram": lambda: NGramDrafter(s.ngram_n, s.ngram_kind, s.ngram_filler_top_k, s.ngram_reset_each_prompt),
         "lookup": lambda: PromptLookupDrafter(s.lookup_max_ngram, s.lookup_min_ngram, s.verify_width - 1),
         "lookahead": lambda: LookaheadDrafter(s.lookahead_window, s.lookahead_ngram, s.lookahead_candidates,
@@ -79,3 +81,8 @@ def build_strategy(name: str, target: CachedModel, drafter: CachedModel | None,
     # Lookahead's candidates are N-1 long; auto's loop length is lookup's, the draft model keeps its own gamma.
     gamma = {"lookahead": s.lookahead_ngram - 1, "auto": max(s.copy_gamma, s.gamma)}.get(name, s.gamma)
     return Speculative(target, drafters[name](), gamma, name=name)
+
+
+def lookup_for_copies(s: StrategySettings) -> PromptLookupDrafter:
+    """The prompt lookup a combined drafter tries first: copies of at least auto_min_match tokens of context."""
+    return PromptLookupDrafter(s.lookup_max_ngram, s.auto_min_match, s.verify_width - 1)

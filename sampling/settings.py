@@ -25,8 +25,9 @@ STORE_KINDS = ("basic", "one-level")  # the n-gram store's kinds (sampling/draft
 @dataclass(frozen=True)
 class StrategySettings:
     # The most tokens a round drafts; the draft model stops earlier by draft_cumulative, so a high cap costs little.
-    # Per strategy (sampling/registry.py): speculative, ngram, lookup, eagle and medusa draft at most gamma; auto at
-    # most max(copy_gamma, gamma), its draft model gamma; lookahead lookahead_ngram - 1, whatever gamma is.
+    # Per strategy (sampling/registry.py): speculative, ngram and lookup draft at most gamma; auto (and eagle and
+    # medusa with head_lookup) at most max(copy_gamma, gamma), the draft model (the head) gamma; lookahead
+    # lookahead_ngram - 1, whatever gamma is.
     gamma: int = 12
     # The draft model: stop drafting below this confidence (0: never); HF's grow/shrink draft-length schedule.
     draft_confidence: float = 0.0
@@ -61,6 +62,9 @@ class StrategySettings:
     # eagle stops deepening once no node at the frontier is likelier than this: the draft model's rule (P < c * r)
     # at a head step's cost, a few hundredths of a target step.
     head_cumulative: float = 0.1
+    # eagle and medusa: prompt lookup drafts where the context holds a copy (auto's rule: auto_min_match tokens
+    # matched, up to copy_gamma drafted), the head elsewhere; heads draft copied text poorly.
+    head_lookup: bool = True
     # Sampling with eagle or medusa: Medusa's typical acceptance instead of the lossless rule. NOT lossless: the
     # output no longer follows the target's distribution (faster, as the drafts pass more often).
     typical: bool = False
@@ -99,6 +103,7 @@ BOUNDS: dict[str, Callable[[str, Any], Any]] = {
     "lookahead_candidates": lambda s, v: integer(s, v, 0, 16),  # 0: the Jacobi window's guesses alone
     "head_branch": lambda s, v: integer(s, v, 1, 16),
     "head_cumulative": lambda s, v: number(s, v, 0, 1, high_open=True),
+    "head_lookup": switch,
     "typical": switch,
     "typical_threshold": lambda s, v: number(s, v, 0, 1),
     "typical_alpha": lambda s, v: number(s, v, 0, 1),

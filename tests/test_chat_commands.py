@@ -78,6 +78,8 @@ def test_every_strategy_has_a_toggle(app):
      lambda s: (s.strategy.ngram_kind, s.strategy.ngram_n) == ("one-level", 4)),
     ("/filler 3", "filler top-k = 3", lambda s: s.strategy.ngram_filler_top_k == 3),
     ("/ngram-reset off", "persists across prompts", lambda s: not s.strategy.ngram_reset_each_prompt),
+    ("/head-lookup off", "the head alone drafts", lambda s: not s.strategy.head_lookup),
+    ("/head-lookup on", "prompt lookup where the context holds a copy", lambda s: s.strategy.head_lookup),
     ("/lookup-ngram 4 2", "from 4 down to 2", lambda s: (s.strategy.lookup_max_ngram, s.strategy.lookup_min_ngram)
      == (4, 2)),
     ("/beams 3", "beams = 3", lambda s: s.strategy.num_beams == 3),

@@ -58,12 +58,14 @@ def generate(strategy, prompt, processor=None, n=30, seed=None):
 
 @pytest.mark.parametrize("kind", ["eagle", "medusa"])
 @pytest.mark.parametrize("branch", [1, 3])
-def test_greedy_head_decoding_equals_autoregressive_token_for_token(trained, target64, kind, branch):
-    """float64, chain (one branch) and tree, prompts in a row sharing the caches, as the chat does."""
+@pytest.mark.parametrize("lookup", [False, True], ids=["head alone", "with prompt lookup"])
+def test_greedy_head_decoding_equals_autoregressive_token_for_token(trained, target64, kind, branch, lookup):
+    """float64, chain (one branch) and tree, prompts in a row sharing the caches, as the chat does; the head alone,
+    and with prompt lookup drafting the rounds where the context holds a copy."""
     head = load_head(trained[1][kind], target64, torch.float64)
     target = CachedModel(target64)
-    strategy = build_strategy(kind, target, None, StrategySettings(gamma=5, verify_width=10, head_branch=branch),
-                              {kind: head})
+    settings = StrategySettings(gamma=5, verify_width=10, head_branch=branch, head_lookup=lookup)
+    strategy = build_strategy(kind, target, None, settings, {kind: head})
     reference = Autoregressive(CachedModel(target64))
     accepted = drafted = 0
     for prompt in PROMPTS:
@@ -73,6 +75,9 @@ def test_greedy_head_decoding_equals_autoregressive_token_for_token(trained, tar
     assert drafted > 0
     if kind == "eagle" or branch > 1:  # the trained head's drafts are taken: the accepting paths ran
         assert accepted > 0
+    if lookup:  # the lookup drafted the rounds where the context held a copy, the head the others
+        assert 0 < strategy.drafter.copied and isinstance(strategy.drafter.model, (EagleDrafter, MedusaDrafter))
+        assert strategy.gamma == settings.copy_gamma
 
 
 def test_the_targets_features_stay_those_of_its_cached_tokens_through_rollback(trained, target64):

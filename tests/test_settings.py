@@ -143,6 +143,14 @@ def test_a_good_value_sets_the_same_field_through_the_flag_and_the_command(app, 
     assert getattr(app.session.settings.strategy, field) == value
 
 
+def test_a_switch_flag_sets_its_field_either_way_and_leaves_the_default_where_not_given():
+    parse = infer.build_parser().parse_args
+    assert StrategySettings().head_lookup and not StrategySettings().typical
+    assert decoding(parse([])).strategy == StrategySettings()
+    assert not decoding(parse(["--no-head-lookup"])).strategy.head_lookup
+    assert decoding(parse(["--head-lookup", "--typical"])).strategy.typical
+
+
 def test_the_flag_and_the_word_of_a_field_of_a_setting_of_several_values():
     assert (flag_of("lookahead_ngram"), word_of("lookahead_ngram")) == ("--lookahead N", "n-gram size N")
     assert (flag_of("gamma"), word_of("max_new_tokens")) == ("--gamma", "max new tokens")
