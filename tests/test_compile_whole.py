@@ -90,3 +90,22 @@ def test_on_the_blocks_the_compiled_forward_runs_every_forward_after_adoption_an
     fresh.keep_hidden()
     fresh.forward(target.tokens)  # a graph's row does not depend on the rows fed with it, nor on rows moved after
     assert torch.equal(fresh.hidden, target.hidden)
+
+
+def test_models_of_one_class_compiled_in_one_process_each_run_their_own_graph():
+    """Graphs are cached per code object, shared by every model of a class; the guards (their fast path over the
+    modules' dict tags too) must tell the models apart, blocks of other types and sizes in the same places included:
+    each compiled forward gives its own model's logits."""
+    models = [block_model(seed=0), block_model(seed=5)]
+    lms = [CachedModel(model) for model in models]
+    for lm in lms:
+        assert invariance.probe(lm).exact
+        lm.compile_whole()
+        assert lm.adopt_compiled()
+    for _ in range(2):  # every model after every other has run its graph
+        for model, lm in zip(models, lms, strict=True):
+            lm.reset()
+            lm.forward(PROMPT[:5])
+            with torch.no_grad():
+                eager = model(input_ids=torch.tensor([PROMPT[:6]])).logits[0, -1]
+            torch.testing.assert_close(lm.forward(PROMPT[5:6])[0], eager, rtol=1e-4, atol=1e-4)

@@ -83,10 +83,15 @@ def every_size() -> contextlib.AbstractContextManager:
 
 
 def _compile_config(workers: int | None, every_size_too: bool = False) -> contextlib.AbstractContextManager:
-    """Inductor's parallel compile processes (None: its default), and `every_size` where asked."""
+    """Inductor's parallel compile processes (None: its default), `every_size` where asked, and guards that skip a
+    module's whole subtree while the tags of its objects' dicts show it unchanged (dynamo's recursive dict tags, off
+    by default and past 256 objects; a model has thousands): half the guards' time a step (docs/kernels.md)."""
+    from torch._dynamo import config as dynamo_config
     from torch._inductor import config as inductor_config  # loads with torch.compile: not before it is needed
 
     stack = contextlib.ExitStack()
+    stack.enter_context(dynamo_config.patch(use_recursive_dict_tags_for_guards=True,
+                                            max_saved_pointers_for_recursive_dict_tags_check=1 << 20))
     if every_size_too:
         stack.enter_context(every_size())
     if workers:
