@@ -47,10 +47,8 @@ def build_strategy(name: str, target: CachedModel, drafter: CachedModel | None,
         tree = s.verify_width - 1
         made: Drafter = (EagleDrafter(target, head, s.head_branch, tree, s.head_cumulative) if name == "eagle"
                          else MedusaDrafter(target, head, s.head_branch, tree))
-        gamma = s.gamma
-        if s.head_lookup:
-            made, gamma = CombinedDrafter(lookup_for_copies(s), made, s.gamma), max(s.copy_gamma, s.gamma)
         typical = (s.typical_threshold, s.typical_alpha) if s.typical else None
+        made, gamma = with_copies(made, s) if s.head_lookup else (made, s.gamma)
         return Speculative(target, made, gamma, name=name, typical=typical)
     if name == "autoregressive":
         return Autoregressive(target)
@@ -70,19 +68,21 @@ def build_strategy(name: str, target: CachedModel, drafter: CachedModel | None,
                             s.draft_cumulative, s.verify_width - 1)
         return made if tokenizers is None else CrossVocabDrafter(made, Retokenizer(*tokenizers))
 
+    if name == "auto":
+        return Speculative(target, *with_copies(model_drafter(), s), name=name)
     drafters = {
         "speculative": model_drafter,
-        "auto": lambda: CombinedDrafter(lookup_for_copies(s), model_drafter(), s.gamma),
         "ngram": lambda: NGramDrafter(s.ngram_n, s.ngram_kind, s.ngram_filler_top_k, s.ngram_reset_each_prompt),
         "lookup": lambda: PromptLookupDrafter(s.lookup_max_ngram, s.lookup_min_ngram, s.verify_width - 1),
         "lookahead": lambda: LookaheadDrafter(s.lookahead_window, s.lookahead_ngram, s.lookahead_candidates,
                                               s.ngram_reset_each_prompt),
     }
-    # Lookahead's candidates are N-1 long; auto's loop length is lookup's, the draft model keeps its own gamma.
-    gamma = {"lookahead": s.lookahead_ngram - 1, "auto": max(s.copy_gamma, s.gamma)}.get(name, s.gamma)
+    gamma = s.lookahead_ngram - 1 if name == "lookahead" else s.gamma  # lookahead's candidates are N-1 long
     return Speculative(target, drafters[name](), gamma, name=name)
 
 
-def lookup_for_copies(s: StrategySettings) -> PromptLookupDrafter:
-    """The prompt lookup a combined drafter tries first: copies of at least auto_min_match tokens of context."""
-    return PromptLookupDrafter(s.lookup_max_ngram, s.auto_min_match, s.verify_width - 1)
+def with_copies(drafter: Drafter, s: StrategySettings) -> tuple[CombinedDrafter, int]:
+    """Prompt lookup first, where at least auto_min_match tokens of context match, `drafter` (gamma tokens) elsewhere;
+    and the loop's draft length, the longer of the copy's and the drafter's."""
+    lookup = PromptLookupDrafter(s.lookup_max_ngram, s.auto_min_match, s.verify_width - 1)
+    return CombinedDrafter(lookup, drafter, s.gamma), max(s.copy_gamma, s.gamma)
