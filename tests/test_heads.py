@@ -383,3 +383,29 @@ def test_the_docstring_prompts_are_the_same_every_time_and_cover_their_three_cat
     assert Counter(r["category"] for r in rows) == {"summarization": 4, "qa": 4, "translation": 4}
     passages = [r["turns"][0].split("\n\n", 1)[1] for r in rows]
     assert len(set(passages)) == len(rows) and not any(">>>" in p or "    " in p for p in passages)
+
+
+def test_the_docstring_prompts_with_every_task_give_each_passage_all_three_categories_and_packages_read_subpackages(
+        tmp_path):
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parent.parent / "heads" / "docstring_prompts.py"
+    spec = importlib.util.spec_from_file_location("docstring_prompts", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    rows = module.prompts(3, every_task=True)
+    by_category = {c: [r["turns"][0] for r in rows if r["category"] == c]
+                   for c in ("summarization", "qa", "translation")}
+    assert [len(v) for v in by_category.values()] == [3, 3, 3]
+    passages = [turn.split("\n\n", 1)[1] for turn in by_category["summarization"]]
+    assert all(p in q for p, q in zip(passages, by_category["qa"], strict=True))
+    assert all(p.split(". ")[0] in t for p, t in zip(passages, by_category["translation"], strict=True))
+    prose = ("This {0} keeps a record of every request the server has answered so far. Each entry holds the time it "
+             "came in and the name of the client that sent it, so that a later report can count them by hour and by "
+             "client without reading the log files again.")
+    for folder, name in (("", "top"), ("package", "sub"), ("test", "skipped")):
+        (tmp_path / folder).mkdir(exist_ok=True)
+        (tmp_path / folder / f"{name}.py").write_text(f'"""{prose.format(name)}"""\n')
+    assert module.paragraphs(tmp_path) == [prose.format("top")]
+    assert module.paragraphs(tmp_path, packages=True) == sorted([prose.format("top"), prose.format("sub")])

@@ -201,3 +201,29 @@ def test_bad_input_is_refused_in_one_line_before_loading(tmp_path, capsys, lines
     assert train_head.main(argv(tmp_path / "no-model", out, prompts)) == 2
     err = capsys.readouterr().err
     assert err.startswith("error: ") and message in err and len(err.splitlines()) == 1
+
+
+def test_answers_made_together_are_each_prompts_own_with_its_hidden_states_and_finished_rows_leave_the_batch():
+    """The batched answer loop (left padding, rows leaving the batch as they end) against each prompt answered alone
+    by full forwards: the same greedy tokens, and the last hidden state at every position but the last."""
+    from tests.helpers import tiny_model
+
+    model = tiny_model(dtype=torch.float64, pad_token_id=0)
+    rows = [[5, 6, 7], [8, 9, 10, 11, 12, 13], [14, 15], [16, 17, 18, 19]]
+    free = training_data._answer(model, rows, 0, set(), 8, 1e9)
+    end = int(free[0]["ids"][len(rows[0]) + 1])  # row 0's second token ends it: rows leave at different steps
+    sizes = []
+    hook = model.model.register_forward_pre_hook(lambda _, args, kwargs: sizes.append(len(kwargs["input_ids"])),
+                                                 with_kwargs=True)
+    answers = training_data._answer(model, rows, 0, {end}, 8, 1e9)
+    hook.remove()
+    for prompt, made in zip(rows, answers, strict=True):
+        ids = list(prompt)
+        with torch.inference_mode():
+            while len(ids) - len(prompt) < 8 and (len(ids) == len(prompt) or ids[-1] != end):
+                ids.append(int(model(torch.tensor([ids])).logits[0, -1].argmax()))
+            hidden = model.model(torch.tensor([ids[:-1]])).last_hidden_state[0]
+        assert made["ids"].tolist() == ids and made["start"] == len(prompt)
+        torch.testing.assert_close(made["features"], hidden.to(torch.float16))
+    assert sizes[0] == len(rows) and sizes[-1] < len(rows) and sizes == sorted(sizes, reverse=True)
+    assert len(answers[0]["ids"]) == len(rows[0]) + 2

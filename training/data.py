@@ -11,6 +11,8 @@ from training.budget import Budget
 from utils.errors import one_line
 from utils.files import write_atomically
 
+SORTED_BATCHES = 4  # the prompts of this many batches are sorted by length before they are split into batches
+
 
 def make_data(model, tokenizer, prompts: list[str], out: Path, max_new_tokens: int, batch: int, budget: Budget,
               share: float, progress: bool) -> list[dict]:
@@ -34,6 +36,9 @@ def make_data(model, tokenizer, prompts: list[str], out: Path, max_new_tokens: i
         if seconds <= 0:
             print(f"answers: the data share of the budget is spent after {len(data)} prompts", file=sys.stderr)
             break
+        if first % (batch * SORTED_BATCHES) == 0:  # prompts of like lengths batched together: less padding
+            window = slice(first, first + batch * SORTED_BATCHES)
+            todo[window] = sorted(todo[window], key=lambda prompt: len(_chat_ids(tokenizer, str(prompt))))
         asked = todo[first:first + batch]
         rows = [_chat_ids(tokenizer, prompt) for prompt in asked]
         data_rows = [{**row, "prompt": prompt}
@@ -106,27 +111,52 @@ def _chat_ids(tokenizer, prompt: str) -> list[int]:
 def _answer(model, rows: list[list[int]], pad: int, ends: set[int], max_new_tokens: int, seconds: float,
             ) -> list[dict]:
     """Greedy answers of a batch (left-padded), with the last hidden state of every prompt and answer token; cut
-    short after `seconds` (the budget's: an answer cut short is still the target's own text)."""
-    import torch
+    short after `seconds` (the budget's: an answer cut short is still the target's own text). A finished answer
+    leaves the batch at once, so the forwards carry only the rows still answering (on a CPU a forward's cost grows
+    with its rows)."""
+    import time
 
+    import torch
+    from transformers import DynamicCache
+
+    deadline = time.monotonic() + seconds
     width = max(map(len, rows))
-    ids = torch.tensor([[pad] * (width - len(r)) + r for r in rows])
-    mask = torch.tensor([[0] * (width - len(r)) + [1] * len(r) for r in rows])
+    ids = torch.tensor([[pad] * (width - len(r)) + r for r in rows], device=model.device)
+    mask = torch.tensor([[0] * (width - len(r)) + [1] * len(r) for r in rows], device=model.device)
+    positions = (mask.cumsum(-1) - 1).clamp(min=0)
+    cache = DynamicCache(config=model.config)
+    answers: list[list[int]] = [[] for _ in rows]
+    features: list[list] = [[] for _ in rows]  # per row, chunks of (T, H): the prompt's, then one per token fed
+    active = list(range(len(rows)))  # the batch rows still answering, in the cache's order
     with torch.inference_mode():
-        out = model.generate(input_ids=ids.to(model.device), attention_mask=mask.to(model.device), do_sample=False,
-                             max_new_tokens=max_new_tokens, output_hidden_states=True, return_dict_in_generate=True,
-                             pad_token_id=pad, eos_token_id=sorted(ends) or None, temperature=None, top_p=None,
-                             top_k=None, max_time=seconds)
-    # step 0 holds the prompt's positions, each later step one position: the token fed there
-    features = torch.cat([step[-1] for step in out.hidden_states], 1).to(torch.float16).cpu()  # (B, width + n - 1, H)
-    sequences = out.sequences.cpu()
-    result = []
-    for b, prompt in enumerate(rows):
-        answer = sequences[b, width:].tolist()
-        stop = next((i + 1 for i, t in enumerate(answer) if t in ends), len(answer))
-        answer = answer[:stop]
-        seq = prompt + answer
-        # features for every token but the last (its hidden state was never computed)
-        feats = features[b, width - len(prompt): width + len(answer) - 1]
-        result.append({"ids": torch.tensor(seq), "features": feats.clone(), "start": len(prompt)})
-    return result
+        hidden = model.model(input_ids=ids, attention_mask=mask, position_ids=positions, past_key_values=cache,
+                             use_cache=True).last_hidden_state
+        for b, prompt in enumerate(rows):
+            features[b].append(hidden[b, width - len(prompt):].to(torch.float16).cpu())
+        last = hidden[:, -1]
+        positions = positions[:, -1:]
+        while True:
+            tokens = model.lm_head(last).argmax(-1).tolist()
+            out_of_time = time.monotonic() >= deadline
+            keep = []
+            for j, (b, token) in enumerate(zip(active, tokens, strict=True)):
+                answers[b].append(token)
+                if token not in ends and len(answers[b]) < max_new_tokens and not out_of_time:
+                    keep.append(j)
+            if not keep:
+                break
+            if len(keep) < len(active):
+                index = torch.tensor(keep, device=model.device)
+                cache.reorder_cache(index)
+                mask, positions = mask[index], positions[index]
+                active, tokens = [active[j] for j in keep], [tokens[j] for j in keep]
+            mask = torch.cat([mask, mask.new_ones(len(active), 1)], 1)
+            positions = positions + 1
+            step = torch.tensor(tokens, device=model.device)[:, None]
+            last = model.model(input_ids=step, attention_mask=mask, position_ids=positions, past_key_values=cache,
+                               use_cache=True).last_hidden_state[:, -1]
+            for j, b in enumerate(active):
+                features[b].append(last[j:j + 1].to(torch.float16).cpu())
+    # features for every token but the last (its hidden state is never computed)
+    return [{"ids": torch.tensor(prompt + answer), "features": torch.cat(feats), "start": len(prompt)}
+            for prompt, answer, feats in zip(rows, answers, features, strict=True)]
