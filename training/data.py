@@ -125,18 +125,19 @@ def _answer(model, rows: list[list[int]], pad: int, ends: set[int], max_new_toke
     mask = torch.tensor([[0] * (width - len(r)) + [1] * len(r) for r in rows], device=model.device)
     positions = (mask.cumsum(-1) - 1).clamp(min=0)
     cache = DynamicCache(config=model.config)
+    decoder, output_layer = model.get_decoder(), model.get_output_embeddings()  # the model without its head, the head
     answers: list[list[int]] = [[] for _ in rows]
     features: list[list] = [[] for _ in rows]  # per row, chunks of (T, H): the prompt's, then one per token fed
     active = list(range(len(rows)))  # the batch rows still answering, in the cache's order
     with torch.inference_mode():
-        hidden = model.model(input_ids=ids, attention_mask=mask, position_ids=positions, past_key_values=cache,
-                             use_cache=True).last_hidden_state
+        hidden = decoder(input_ids=ids, attention_mask=mask, position_ids=positions, past_key_values=cache,
+                         use_cache=True).last_hidden_state
         for b, prompt in enumerate(rows):
             features[b].append(hidden[b, width - len(prompt):].to(torch.float16).cpu())
         last = hidden[:, -1]
         positions = positions[:, -1:]
         while True:
-            tokens = model.lm_head(last).argmax(-1).tolist()
+            tokens = output_layer(last).argmax(-1).tolist()
             out_of_time = time.monotonic() >= deadline
             keep = []
             for j, (b, token) in enumerate(zip(active, tokens, strict=True)):
@@ -153,8 +154,8 @@ def _answer(model, rows: list[list[int]], pad: int, ends: set[int], max_new_toke
             mask = torch.cat([mask, mask.new_ones(len(active), 1)], 1)
             positions = positions + 1
             step = torch.tensor(tokens, device=model.device)[:, None]
-            last = model.model(input_ids=step, attention_mask=mask, position_ids=positions, past_key_values=cache,
-                               use_cache=True).last_hidden_state[:, -1]
+            last = decoder(input_ids=step, attention_mask=mask, position_ids=positions, past_key_values=cache,
+                           use_cache=True).last_hidden_state[:, -1]
             for j, b in enumerate(active):
                 features[b].append(last[j:j + 1].to(torch.float16).cpu())
     # features for every token but the last (its hidden state is never computed)
