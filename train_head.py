@@ -78,6 +78,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--draft-depth", type=int, default=1,
                    help="eagle: train on the head's own drafts this deep (EAGLE-3's training-time test: pass d reads "
                         "the feature pass d - 1 predicted); 1: on the target's features only")
+    p.add_argument("--train-bf16", action="store_true",
+                   help="train with bfloat16 matrix products (torch.autocast), the weights and optimizer in float32: "
+                        "faster where the CPU has native bf16 (docs/heads.md)")
     p.add_argument("--answers-only", action="store_true",
                    help="train on the answers' positions only (default: the prompts' too: the target's features "
                         "and predictions there are its own as well)")
@@ -238,6 +241,7 @@ def run(args, prompts: list[str], budget: Budget, argv: list[str] | None) -> int
             "answer_tokens": tokens, "draft_vocab": None if vocab is None else len(vocab),
             "data_seconds": round(data_seconds), "train_seconds": round(stats["seconds"]), "epochs": stats["epoch"],
             "steps": stats["step"], "stopped_by": stats["stopped_by"], "draft_depth": args.draft_depth,
+            "train_bf16": args.train_bf16,
             "held_out": evaluation,
             "parameters": sum(p.numel() for p in module.parameters()), "config": asdict(config),
             "command": "python train_head.py " + " ".join(sys.argv[1:] if argv is None else argv)}

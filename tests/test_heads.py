@@ -205,6 +205,24 @@ def test_an_eagle_head_trains_on_its_own_drafts(trained, tmp_path):
     assert info["held_out"]["chain_tokens_per_step"] > 1.5  # as the fixture's head trained on features alone
 
 
+def test_an_eagle_head_trains_with_bf16_products_and_says_so(trained, tmp_path, monkeypatch):
+    import torch.nn.functional as F
+
+    target, heads = trained
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text(json.dumps({"turns": ["question 0: the fox and the dog"]}))
+    seen, linear = set(), F.linear
+    monkeypatch.setattr(F, "linear", lambda x, w, b=None: seen.add(linear(x, w, b).dtype) or linear(x, w, b))
+    argv = ["--target", str(target), "--kind", "eagle", "--out", str(tmp_path / "h"), "--prompts", str(prompts),
+            "--data", str(heads["eagle"] / "data"), "--time-budget", "2", "--epochs", "10", "--intermediate", "64",
+            "--lr", "3e-3", "--train-bf16", "--no-progress"]
+    assert train_head.main(argv) == 0
+    info = json.loads((tmp_path / "h" / "head.json").read_text())["training"]
+    assert info["train_bf16"] is True and info["answers"] == 16
+    assert torch.bfloat16 in seen  # the head's products ran in bf16
+    assert info["held_out"]["chain_tokens_per_step"] > 1.5  # as the fixture's head trained in float32
+
+
 def test_draft_depth_is_for_eagle_heads(tmp_path, capsys):
     with pytest.raises(SystemExit):
         train_head.parse_args(["--target", "x", "--kind", "medusa", "--out", str(tmp_path), "--prompts", "p.jsonl",

@@ -102,6 +102,7 @@ def train(head, module, train_rows: list[dict], args, budget: Budget, checkpoint
         state = resume_checkpoint(checkpoint, module, optimizer) or state
     steps_total = args.epochs * len(train_rows)
     generator = torch.Generator().manual_seed(args.seed)
+    device = next(module.parameters()).device.type  # autocast's (`--train-bf16`)
     started = time.monotonic() - state["seconds"]
     train_seconds = max(budget.left() - eval_reserve(budget) + state["seconds"], 1.0)
 
@@ -126,8 +127,9 @@ def train(head, module, train_rows: list[dict], args, budget: Budget, checkpoint
                 lr = args.lr * 0.5 * (1 + math.cos(math.pi * min(done, 1)))
                 for group in optimizer.param_groups:
                     group["lr"] = max(lr, args.lr * 0.05)
-                loss, ce, agree = losses(head, module, train_rows[i], 0.1, generator, not args.answers_only,
-                                         args.draft_depth)
+                with torch.autocast(device, dtype=torch.bfloat16, enabled=args.train_bf16):
+                    loss, ce, agree = losses(head, module, train_rows[i], 0.1, generator, not args.answers_only,
+                                             args.draft_depth)
                 ce, agree = ce.detach(), agree.detach()
                 optimizer.zero_grad(set_to_none=True)
                 loss.backward()
