@@ -11,7 +11,7 @@ from training.budget import Budget
 from utils.errors import one_line
 from utils.files import write_atomically
 
-SORTED_BATCHES = 4  # the prompts of this many batches are sorted by length before they are split into batches
+SORTED_BATCHES = 4  # the prompts of this many batches are sorted by length (characters) before they are batched
 
 
 def make_data(model, tokenizer, prompts: list[str], out: Path, max_new_tokens: int, batch: int, budget: Budget,
@@ -38,7 +38,7 @@ def make_data(model, tokenizer, prompts: list[str], out: Path, max_new_tokens: i
             break
         if first % (batch * SORTED_BATCHES) == 0:  # prompts of like lengths batched together: less padding
             window = slice(first, first + batch * SORTED_BATCHES)
-            todo[window] = sorted(todo[window], key=lambda prompt: len(_chat_ids(tokenizer, str(prompt))))
+            todo[window] = sorted(todo[window], key=len)
         asked = todo[first:first + batch]
         rows = [_chat_ids(tokenizer, prompt) for prompt in asked]
         data_rows = [{**row, "prompt": prompt}
@@ -156,8 +156,9 @@ def _answer(model, rows: list[list[int]], pad: int, ends: set[int], max_new_toke
             step = torch.tensor(tokens, device=model.device)[:, None]
             last = decoder(input_ids=step, attention_mask=mask, position_ids=positions, past_key_values=cache,
                            use_cache=True).last_hidden_state[:, -1]
+            kept = last.to(torch.float16).cpu()  # one copy a step, each row a view of it
             for j, b in enumerate(active):
-                features[b].append(last[j:j + 1].to(torch.float16).cpu())
+                features[b].append(kept[j:j + 1])
     # features for every token but the last (its hidden state is never computed)
     return [{"ids": torch.tensor(prompt + answer), "features": torch.cat(feats), "start": len(prompt)}
             for prompt, answer, feats in zip(rows, answers, features, strict=True)]
