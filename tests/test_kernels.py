@@ -82,7 +82,7 @@ def test_a_row_has_the_same_bits_whatever_the_rows_beside_it_and_the_threads(isa
     raw = torch.from_numpy(random_blocks(block_type, out_features, in_features, seed=3))
     x = torch.randn(290, in_features, generator=torch.Generator().manual_seed(4))  # prefill past 256 rows a call
     alone = torch.cat([kernels.matmul(x[i : i + 1], raw, block_type, out_features) for i in range(len(x))])
-    for rows in (2, 3, 4, 5, 8, 13, 16, 17, 20, 32, 37, 290):
+    for rows in (2, 3, 4, 5, 8, 9, 13, 16, 17, 20, 29, 32, 37, 290):
         assert torch.equal(kernels.matmul(x[:rows], raw, block_type, out_features), alone[:rows]), rows
     threads = torch.get_num_threads()
     try:
@@ -159,9 +159,10 @@ def test_weights_tiled_are_refused_by_the_kernels_that_read_lanes_with_the_reaso
 
 @pytest.mark.skipif("amx-int8" not in kernels.isas(), reason="the CPU runs no AMX-INT8")
 @pytest.mark.parametrize("block_type", ["Q4_K", "Q6_K", "Q4_0"])
-def test_the_tile_layout_gives_the_same_bits_with_amx_and_with_vnni_alone(block_type):
+@pytest.mark.parametrize("rows", [11, 16])  # a tile of fewer rows and a full one: AMX's multiplies
+def test_the_tile_layout_gives_the_same_bits_with_amx_and_with_vnni_alone(block_type, rows):
     raw = torch.from_numpy(random_blocks(block_type, 32, 512, seed=13))
-    x = torch.randn(16, 512, generator=torch.Generator().manual_seed(14))  # a full tile of rows: AMX's multiplies
+    x = torch.randn(rows, 512, generator=torch.Generator().manual_seed(14))
     try:
         kernels.use("amx-int8")
         packed, type_id = kernels.pack(raw, block_type)

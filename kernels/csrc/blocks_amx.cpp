@@ -1,7 +1,7 @@
 // AMX-INT8 and AVX-512 VNNI kernels for Q4_K, Q6_K and Q4_0 weights packed as tiles (lanes.h): 16 output columns at a time.
 // Built twice: with AMX (-mamx-int8: the "amx-int8" set) and without (blocks_tiles.cpp: "avx512-tiles", VNNI only).
 // The exact int32 dot products of the rows with the 16 columns, one vector of 16 per row and scale group, come from
-// one tile multiply per group for a full tile of 16 rows of Q4_K or Q4_0, else from VNNI (each tile row of codes times
+// one tile multiply per group for 9 to 16 rows of Q4_K or Q4_0, else from VNNI (each tile row of codes times
 // the row's four activations, broadcast); the float steps then run on vectors of the 16 columns. A unit's codes are decoded once per
 // call whatever the number of rows.
 // The int32 sums are exact whichever instructions make them, and each output value then takes the same float steps
@@ -238,8 +238,15 @@ inline void floats_groups(const uint8_t* unit, int64_t u, const RowTerms& t, con
   }
 }
 
+// A unit's float steps from its tile multiplies' sums.
+template <int64_t kType>
+inline void floats(const uint8_t* unit, int64_t u, const RowTerms& t, const int32_t* sums, float* acc) {
+  if constexpr (kType == Q4_0_TILES) floats_groups<Q40Scales, 4>(unit, u, t, sums, acc);
+  else floats_groups<Q4Scales, 8>(unit, u, t, sums, acc);
+}
+
 // One column tile's sums over all units. With tiles, the next unit's codes are decoded while this unit's multiplies
-// run, and its float steps come after: a tile load never waits on the stores just made.
+// run, then the unit before's float steps read the sums its multiplies stored: no load waits on the stores just made.
 template <int64_t kType, bool kTiles>
 void columns(const uint8_t* w, const RowTerms& t, float* acc) {
   constexpr bool six = kType == Q6_K_TILES, q4_0 = kType == Q4_0_TILES;
@@ -247,17 +254,19 @@ void columns(const uint8_t* w, const RowTerms& t, float* acc) {
   constexpr int64_t bytes = six ? 3360 : q4_0 ? 1152 : 2368, groups = six ? 16 : q4_0 ? 4 : 8;
   constexpr int64_t values = q4_0 ? 128 : 256;  // a unit's, per row
   alignas(64) uint8_t codes[2][kTiles ? 4096 : 64];
-  alignas(64) int32_t sums[kTiles ? groups * 256 : 16];
+  alignas(64) int32_t sums[2][kTiles ? groups * 256 : 16];
   const int64_t units = t.k / values;
   if constexpr (kTiles) decode_nibbles<groups / 2>(w, codes[0]);
   for (int64_t u = 0; u < units; ++u) {
     const uint8_t* unit = w + u * bytes;
     if constexpr (kTiles) {
 #ifdef __AMX_INT8__
-      multiply(t.x + u * values, t.k, codes[u % 2], groups, sums);
+      multiply(t.x + u * values, t.k, codes[u % 2], groups, sums[u % 2]);
       if (u + 1 < units) decode_nibbles<groups / 2>(unit + bytes, codes[(u + 1) % 2]);
-      if constexpr (q4_0) floats_groups<Q40Scales, 4>(unit, u, t, sums, acc);
-      else floats_groups<Q4Scales, 8>(unit, u, t, sums, acc);
+      for (int64_t line = 0; u + 2 < units && line < bytes; line += 64)  // the decode after next's weights
+        _mm_prefetch(reinterpret_cast<const char*>(unit + 2 * bytes + line), _MM_HINT_T0);
+      if (u > 0) floats<kType>(unit - bytes, u - 1, t, sums[(u - 1) % 2], acc);
+      if (u + 1 == units) floats<kType>(unit, u, t, sums[u % 2], acc);
 #endif
     } else {
       if constexpr (six) vnni_q6_k(unit, u, t, acc);
@@ -271,14 +280,14 @@ void quantize(int64_t type, const float* x, int64_t row0, int64_t rows, const Ac
   avx2::kernels.quantize(type, x, row0, rows, a);  // the activations in order, as the AVX2 kernels read them
 }
 
-// A full tile of rows of Q4_K or Q4_0 takes the tile multiplies, fewer take VNNI (the same integers): the codes' staging
-// for the tiles costs as much as VNNI's multiplies of the rows missing from a tile, and Q6_K's sub-blocks of 16 fill
-// only a quarter of a tile multiply, so its rows always take VNNI (docs/kernels.md).
-constexpr int64_t kTileRows = 16;
+// Nine rows or more of Q4_K or Q4_0 take the tile multiplies (a tile of fewer rows for 9..15), fewer take VNNI (the same
+// integers): below that the codes' staging for the tiles costs more than VNNI's multiplies, and Q6_K's sub-blocks of 16
+// fill only a quarter of a tile multiply, so its rows always take VNNI (docs/kernels.md).
+constexpr int64_t kTileRows = 9;
 
 void matmul(int64_t type, const uint8_t* w, int64_t row_bytes, const Activations& a, int64_t row0, int64_t count,
             const float* bias, float* out, int64_t n_out, int64_t n0, int64_t n1) {
-  const bool six = type == Q6_K_TILES, q4_k = type == Q4_K_TILES, tiles = kAmx && count == kTileRows && !six;
+  const bool six = type == Q6_K_TILES, q4_k = type == Q4_K_TILES, tiles = kAmx && count >= kTileRows && !six;
   const int64_t groups = a.k / 32;
   std::vector<float> sums(static_cast<size_t>(q4_k ? count * groups : 0));
   std::vector<int32_t> offsets(static_cast<size_t>(q4_k ? 0 : six ? count * 2 * groups : count * groups));
