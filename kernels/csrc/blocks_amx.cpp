@@ -283,11 +283,11 @@ void quantize(int64_t type, const float* x, int64_t row0, int64_t rows, const Ac
 // Nine rows or more of Q4_K or Q4_0 take the tile multiplies (a tile of fewer rows for 9..15), fewer take VNNI (the same
 // integers): below that the codes' staging for the tiles costs more than VNNI's multiplies, and Q6_K's sub-blocks of 16
 // fill only a quarter of a tile multiply, so its rows always take VNNI (docs/kernels.md).
-constexpr int64_t kTileRows = 9;
+constexpr int64_t kFewestTileRows = 9;
 
 void matmul(int64_t type, const uint8_t* w, int64_t row_bytes, const Activations& a, int64_t row0, int64_t count,
             const float* bias, float* out, int64_t n_out, int64_t n0, int64_t n1) {
-  const bool six = type == Q6_K_TILES, q4_k = type == Q4_K_TILES, tiles = kAmx && count >= kTileRows && !six;
+  const bool six = type == Q6_K_TILES, q4_k = type == Q4_K_TILES, tiles = kAmx && count >= kFewestTileRows && !six;
   const int64_t groups = a.k / 32;
   std::vector<float> sums(static_cast<size_t>(q4_k ? count * groups : 0));
   std::vector<int32_t> offsets(static_cast<size_t>(q4_k ? 0 : six ? count * 2 * groups : count * groups));
