@@ -5,7 +5,9 @@
 
 1. Data: the target answers every prompt's first turn (through its chat template), greedily, in batches (on a CPU a
    batch of answers costs little more per forward than one), and the same forwards give its last hidden state at
-   every position: the head learns the target's own distribution on its own text. Saved in OUT/data as it goes.
+   every position: the head learns the target's own distribution on its own text. Saved in OUT/data as it goes, and
+   every answer's token ids in OUT/answers.jsonl.gz: `--answers` reads them back in a later run, on any machine,
+   and makes their features again by one forward of the target each (not asking their prompts again).
 2. Training: the head's loss is the target's next-token distribution (its output layer on its own features, over the
    draft vocabulary) against the head's, plus, for EAGLE, the distance to the target's next feature; noise on the
    input features stands in for the head's own errors when it drafts from its predictions.
@@ -36,7 +38,7 @@ from pathlib import Path
 
 from models.presets import EMBEDDED, QUANTIZE_CHOICES
 from training.budget import Budget
-from training.data import make_data
+from training.data import ANSWERS, make_data, read_answers, save_answers
 from training.held_out import held_out_tokens_per_step
 from training.learning import draft_vocabulary, train
 from utils.files import Busy, exclusive
@@ -45,7 +47,8 @@ from utils.paths import output_dir_problem
 DEFAULT_BRANCH = 4
 USAGE_EXIT, FAILED_EXIT, INTERRUPTED_EXIT = 2, 1, 130
 CHECKPOINT = "checkpoint.pt"
-OWN_FILES = ("head.json", "head.safetensors", CHECKPOINT)  # what --overwrite removes from OUT, with OUT/data's batches
+# what --overwrite removes from OUT, with OUT/data's batches
+OWN_FILES = ("head.json", "head.safetensors", CHECKPOINT, ANSWERS)
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -90,6 +93,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--data", help="the answers' directory (default OUT/data): another head's answers are reused, "
                                   "and more are made while the budget allows")
+    p.add_argument("--answers", nargs="+", type=Path, default=[], metavar="FILE",
+                   help="answers made before, as token ids (the answers.jsonl.gz a run writes beside its head): "
+                        "trained on, their features made again by one forward of the target each, their prompts "
+                        "not asked again")
     again = p.add_mutually_exclusive_group()
     again.add_argument("--resume", action="store_true", help="continue from OUT's data and checkpoint")
     again.add_argument("--overwrite", action="store_true",
@@ -128,13 +135,14 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(args.out)
     try:
         prompts = read_prompts(args.prompts)
+        reused = read_answers(args.answers)
         check_out(out, Path(args.data) if args.data else None, args.resume or args.overwrite)
     except (OSError, ValueError) as error:
         print(f"error: {error}", file=sys.stderr)
         return USAGE_EXIT
     try:
         with exclusive(out, wait=False):  # made if absent
-            return run(args, prompts, budget, argv)
+            return run(args, prompts, budget, argv, reused)
     except Busy:
         print(f"error: another train_head.py run is using {out}: wait for it to end, or choose another --out",
               file=sys.stderr)
@@ -194,7 +202,7 @@ def remove_own_files(out: Path, data: Path) -> None:
         file.unlink(missing_ok=True)
 
 
-def run(args, prompts: list[str], budget: Budget, argv: list[str] | None) -> int:
+def run(args, prompts: list[str], budget: Budget, argv: list[str] | None, reused: list[dict]) -> int:
     import torch
 
     from models.loading import load_model
@@ -214,10 +222,16 @@ def run(args, prompts: list[str], budget: Budget, argv: list[str] | None) -> int
         print(f"error: {error}", file=sys.stderr)
         return FAILED_EXIT
     model = loaded.model
+    vocab_size = model.get_output_embeddings().out_features
+    if reused and (largest := max(int(row["ids"].max()) for row in reused)) >= vocab_size:
+        print(f"error: --answers hold token id {largest}, past the target's {vocab_size}: answers of another "
+              "tokenizer's model", file=sys.stderr)
+        return FAILED_EXIT
     if args.overwrite:
         remove_own_files(out, data_dir)
     data = make_data(model, loaded.tokenizer, prompts, data_dir, args.max_new_tokens, args.batch, budget,
-                     args.data_share, not args.no_progress)
+                     args.data_share, not args.no_progress, reused)
+    save_answers(data, out / ANSWERS)
     if len(data) < 2:
         print(f"error: the budget left {len(data)} answers to train on, 2 at least are needed: give a larger "
               "--time-budget (or --data-share)", file=sys.stderr)
@@ -225,7 +239,6 @@ def run(args, prompts: list[str], budget: Budget, argv: list[str] | None) -> int
     data_seconds = budget.used()
     held = max(1, round(len(data) * args.held_out)) if args.held_out else 0
     held_rows, train_rows = data[:held], data[held:]
-    vocab_size = model.get_output_embeddings().out_features
     vocab = draft_vocabulary(train_rows, vocab_size, args.draft_vocab)
     config = (eagle_config(model.config, args.intermediate) if args.kind == "eagle"
               else HeadConfig("medusa", model.config.hidden_size, num_heads=args.heads))

@@ -128,7 +128,8 @@ def test_damaged_answers_and_checkpoint_are_named_and_made_again(target, tmp_pat
     assert training(out)["answers"] == 6 and training(out)["epochs"] == 2
     assert sorted(p.name for p in (out / "data").iterdir()) == ["batch-0000.pt", "batch-0001.pt", "batch-0002.pt",
                                                                  "batch-0003.pt"]  # no temporary file left
-    assert sorted(p.name for p in out.iterdir()) == ["checkpoint.pt", "data", "head.json", "head.safetensors"]
+    assert sorted(p.name for p in out.iterdir()) == ["answers.jsonl.gz", "checkpoint.pt", "data", "head.json",
+                                                    "head.safetensors"]
 
 
 def test_a_write_cut_short_leaves_the_old_file(tmp_path):
@@ -227,3 +228,71 @@ def test_answers_made_together_are_each_prompts_own_with_its_hidden_states_and_f
         torch.testing.assert_close(made["features"], hidden.to(torch.float16))
     assert sizes[0] == len(rows) and sizes[-1] < len(rows) and sizes == sorted(sizes, reverse=True)
     assert len(answers[0]["ids"]) == len(rows[0]) + 2
+
+
+def test_a_runs_answers_are_kept_as_token_ids_and_a_later_run_trains_on_them_without_asking_again(target, tmp_path,
+                                                                                                  monkeypatch):
+    """OUT/answers.jsonl.gz holds every answer a run trained on (its features take a GB on the real target, its ids a
+    few hundred KB): `--answers` in another run makes their features again by one forward each, the same up to
+    rounding, and answers only the prompts they do not cover."""
+    import gzip
+
+    first, prompts = tmp_path / "first", prompt_file(tmp_path / "p.jsonl", 6)
+    assert train_head.main(argv(target, first, prompts, "--kind", "eagle", "--intermediate", "64")) == 0
+    made = {row["prompt"]: row for file in sorted((first / "data").glob("batch-*.pt"))
+            for row in torch.load(file, weights_only=True)}
+    with gzip.open(first / "answers.jsonl.gz", "rt") as file:
+        kept = [json.loads(line) for line in file]
+    assert sorted(row["prompt"] for row in kept) == sorted(made)
+    for row in kept:
+        assert row["ids"] == made[row["prompt"]]["ids"].tolist() and row["start"] == made[row["prompt"]]["start"]
+
+    asked = []
+    real = training_data._answer
+    monkeypatch.setattr(training_data, "_answer", lambda model, rows, *rest: asked.extend(rows) or real(model, rows,
+                                                                                                         *rest))
+    second, more = tmp_path / "second", prompt_file(tmp_path / "more.jsonl", 8)  # prompts 6 and 7 are new
+    assert train_head.main(argv(target, second, more, "--kind", "eagle", "--intermediate", "64", "--answers",
+                                str(first / "answers.jsonl.gz"))) == 0
+    assert len(asked) == 2 and training(second)["answers"] == 8
+    again = {row["prompt"]: row for file in (second / "data").glob("batch-*.pt")
+             for row in torch.load(file, weights_only=True)}
+    for prompt, row in made.items():
+        assert torch.equal(again[prompt]["ids"], row["ids"]) and again[prompt]["start"] == row["start"]
+        torch.testing.assert_close(again[prompt]["features"], row["features"], rtol=2e-3, atol=2e-3)
+    with gzip.open(second / "answers.jsonl.gz", "rt") as file:
+        assert len(file.readlines()) == 8  # the reused answers and the new ones: the next run reads them all
+
+
+@pytest.mark.parametrize("content, message", [
+    (None, "no answers file at"),
+    (b"not gzip", "not a gzipped answers file"),
+    ('{"prompt": "q", "start": 1, "ids": [1, 2]}\nnot json\n', ":2: not JSON"),
+    ('{"prompt": "q", "start": 2, "ids": [1, 2]}\n', ":1: not an answer"),
+    ('{"prompt": "q", "start": 1, "ids": [1, -2]}\n', ":1: not an answer"),
+])
+def test_a_bad_answers_file_is_refused_in_one_line_before_loading(tmp_path, capsys, content, message):
+    import gzip
+
+    answers = tmp_path / "answers.jsonl.gz"
+    if isinstance(content, bytes):
+        answers.write_bytes(content)
+    elif content is not None:
+        with gzip.open(answers, "wt") as file:
+            file.write(content)
+    assert train_head.main(argv(tmp_path / "no-model", tmp_path / "head", prompt_file(tmp_path / "p.jsonl", 2),
+                                "--answers", str(answers))) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and message in err and len(err.splitlines()) == 1
+
+
+def test_answers_of_another_tokenizer_are_refused_once_the_target_is_loaded(target, tmp_path, capsys):
+    import gzip
+
+    answers = tmp_path / "answers.jsonl.gz"
+    with gzip.open(answers, "wt") as file:
+        file.write(json.dumps({"prompt": "q", "start": 1, "ids": [1, 10**6]}) + "\n")
+    out = tmp_path / "head"
+    assert train_head.main(argv(target, out, prompt_file(tmp_path / "p.jsonl", 2), "--answers", str(answers))) == 1
+    assert "--answers hold token id 1000000, past the target's" in capsys.readouterr().err
+    assert not (out / "data").exists()  # refused before any answer was made

@@ -1,8 +1,11 @@
 """1. Data: the target answers the prompts in batches, its last hidden states kept with the answers; batches saved
-as they come, read back and checked on a resume."""
+as they come, read back and checked on a resume. Answers made before, kept as token ids (`answers.jsonl.gz`, a few
+hundred KB where their features take a GB), have their features made again by one forward of the target each."""
 
 from __future__ import annotations
 
+import gzip
+import json
 import sys
 from collections import Counter
 from pathlib import Path
@@ -12,13 +15,15 @@ from utils.errors import one_line
 from utils.files import write_atomically
 
 SORTED_BATCHES = 4  # the prompts of this many batches are sorted by length (characters) before they are batched
+ANSWERS = "answers.jsonl.gz"  # every answer a run trained on, as token ids: what --answers reads
 
 
 def make_data(model, tokenizer, prompts: list[str], out: Path, max_new_tokens: int, batch: int, budget: Budget,
-              share: float, progress: bool) -> list[dict]:
+              share: float, progress: bool, reused: list[dict] = ()) -> list[dict]:
     """Each prompt's answer and features, {"ids": (T,) long, "features": (T, H) half, "start": answer start, "prompt":
     its text}, saved one batch per file; the prompts the batches already in `out` answered are not asked again,
-    whatever batch size made them."""
+    whatever batch size made them. `reused` answers (read_answers) come first: each one's features are made by one
+    forward of the target over it, and its prompt is not asked again."""
     import torch
     from tqdm import tqdm
 
@@ -28,6 +33,22 @@ def make_data(model, tokenizer, prompts: list[str], out: Path, max_new_tokens: i
     data, next_file = read_batches(out)
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     ends = set(end_token_ids(tokenizer, model.generation_config))
+
+    def save(rows: list[dict]) -> None:
+        nonlocal next_file
+        file = out / f"batch-{next_file:04d}.pt"
+        write_atomically(file, lambda temporary: torch.save(rows, temporary))
+        next_file += 1
+        data.extend(rows)
+
+    again = sorted(unanswered_rows(reused, data), key=lambda row: len(row["ids"]))  # like lengths together
+    for first in range(0, len(again), batch):
+        if budget.left(share) <= 0:
+            print(f"answers: the data share of the budget is spent after {len(data)} answers", file=sys.stderr)
+            return data
+        rows = again[first:first + batch]
+        save([{**row, "features": features} for row, features in zip(
+            rows, _features(model, [row["ids"].tolist() for row in rows], pad), strict=True)])
     todo = unanswered(prompts, data)
     bar = tqdm(total=len(prompts), initial=len(prompts) - len(todo), desc="answers", unit="prompt",
                disable=not progress)
@@ -41,16 +62,56 @@ def make_data(model, tokenizer, prompts: list[str], out: Path, max_new_tokens: i
             todo[window] = sorted(todo[window], key=len)
         asked = todo[first:first + batch]
         rows = [_chat_ids(tokenizer, prompt) for prompt in asked]
-        data_rows = [{**row, "prompt": prompt}
-                     for row, prompt in zip(_answer(model, rows, pad, ends, max_new_tokens, seconds), asked,
-                                            strict=True)]
-        file = out / f"batch-{next_file:04d}.pt"
-        write_atomically(file, lambda temporary, rows=data_rows: torch.save(rows, temporary))
-        next_file += 1
-        data += data_rows
+        save([{**row, "prompt": prompt}
+              for row, prompt in zip(_answer(model, rows, pad, ends, max_new_tokens, seconds), asked, strict=True)])
         bar.update(len(rows))
     bar.close()
     return data
+
+
+def save_answers(data: list[dict], path: Path) -> None:
+    """The answers' token ids, a JSON object a line ({"prompt", "start", "ids"}), gzipped: what read_answers reads."""
+
+    def write(temporary: Path) -> None:
+        with gzip.open(temporary, "wt", encoding="utf-8") as file:
+            for row in data:
+                kept = {"prompt": row["prompt"]} if "prompt" in row else {}
+                file.write(json.dumps({**kept, "start": row["start"], "ids": row["ids"].tolist()}) + "\n")
+
+    write_atomically(path, write)
+
+
+def read_answers(paths: list[Path]) -> list[dict]:
+    """Answers saved by save_answers, {"ids": (T,) long, "start", "prompt"}; ValueError (one line, the file and line)
+    for a file that is not one."""
+    import torch
+
+    rows = []
+    for path in paths:
+        try:
+            with gzip.open(path, "rt", encoding="utf-8") as file:
+                lines = file.readlines()
+        except FileNotFoundError:
+            raise ValueError(f"no answers file at {path}") from None
+        except (OSError, EOFError, UnicodeDecodeError) as error:
+            raise ValueError(f"{path}: not a gzipped answers file ({one_line(error)})") from None
+        for number, line in enumerate(lines, 1):
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as error:
+                raise ValueError(f"{path}:{number}: not JSON ({error.msg})") from None
+            if not _answer_row(row):
+                raise ValueError(f"{path}:{number}: not an answer: {{\"prompt\": text, \"start\": n, \"ids\": "
+                                 "[token ids]}, its prompt's ids before n and its answer's after")
+            rows.append({"ids": torch.tensor(row["ids"]), "start": row["start"],
+                         **({"prompt": row["prompt"]} if "prompt" in row else {})})
+    return rows
+
+
+def _answer_row(row) -> bool:
+    ids = row.get("ids") if isinstance(row, dict) else None
+    return (isinstance(ids, list) and all(type(i) is int and i >= 0 for i in ids) and type(row.get("start")) is int
+            and 1 <= row["start"] < len(ids) and isinstance(row.get("prompt", ""), str))
 
 
 def read_batches(out: Path) -> tuple[list[dict], int]:
@@ -102,6 +163,18 @@ def unanswered(prompts: list[str], data: list[dict]) -> list[str]:
     return todo
 
 
+def unanswered_rows(rows: list[dict], data: list[dict]) -> list[dict]:
+    """The answers in `rows` whose prompt no answer in `data` records yet (each answer there stands for one)."""
+    answered = Counter(row["prompt"] for row in data if "prompt" in row)
+    todo = []
+    for row in rows:
+        if answered[row.get("prompt")] > 0:
+            answered[row["prompt"]] -= 1
+        else:
+            todo.append(row)
+    return todo
+
+
 def _chat_ids(tokenizer, prompt: str) -> list[int]:
     from benchmarks.prompts import chat_ids
 
@@ -121,9 +194,7 @@ def _answer(model, rows: list[list[int]], pad: int, ends: set[int], max_new_toke
 
     deadline = time.monotonic() + seconds
     width = max(map(len, rows))
-    ids = torch.tensor([[pad] * (width - len(r)) + r for r in rows], device=model.device)
-    mask = torch.tensor([[0] * (width - len(r)) + [1] * len(r) for r in rows], device=model.device)
-    positions = (mask.cumsum(-1) - 1).clamp(min=0)
+    ids, mask, positions = _left_padded(rows, pad, model.device)
     cache = DynamicCache(config=model.config)
     decoder, output_layer = model.get_decoder(), model.get_output_embeddings()  # the model without its head, the head
     answers: list[list[int]] = [[] for _ in rows]
@@ -162,3 +233,27 @@ def _answer(model, rows: list[list[int]], pad: int, ends: set[int], max_new_toke
     # features for every token but the last (its hidden state is never computed)
     return [{"ids": torch.tensor(prompt + answer), "features": torch.cat(feats), "start": len(prompt)}
             for prompt, answer, feats in zip(rows, answers, features, strict=True)]
+
+
+def _left_padded(rows: list[list[int]], pad: int, device) -> tuple:
+    """A batch of token rows padded on the left: the ids, the attention mask and each token's position."""
+    import torch
+
+    width = max(map(len, rows))
+    ids = torch.tensor([[pad] * (width - len(r)) + r for r in rows], device=device)
+    mask = torch.tensor([[0] * (width - len(r)) + [1] * len(r) for r in rows], device=device)
+    return ids, mask, (mask.cumsum(-1) - 1).clamp(min=0)
+
+
+def _features(model, rows: list[list[int]], pad: int) -> list:
+    """The last hidden state at every position but the last of each row (a prompt and its answer), from one forward
+    over the batch: what the answer loop kept while it made them (the same up to rounding)."""
+    import torch
+
+    inputs = [row[:-1] for row in rows]
+    ids, mask, positions = _left_padded(inputs, pad, model.device)
+    with torch.inference_mode():
+        hidden = model.get_decoder()(input_ids=ids, attention_mask=mask, position_ids=positions,
+                                     use_cache=False).last_hidden_state
+    width = ids.shape[1]
+    return [hidden[b, width - len(row):].to(torch.float16).cpu() for b, row in enumerate(inputs)]
