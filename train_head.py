@@ -93,6 +93,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--data", help="the answers' directory (default OUT/data): another head's answers are reused, "
                                   "and more are made while the budget allows")
+    p.add_argument("--init", type=Path, metavar="DIR",
+                   help="train on from this head (the project's format: its weights, shape and draft vocabulary) "
+                        "instead of a new one, as a run that adds answers to its data goes on from the head before")
     p.add_argument("--answers", nargs="+", type=Path, default=[], metavar="FILE",
                    help="answers made before, as token ids (the answers.jsonl.gz a run writes beside its head): "
                         "trained on, their features made again by one forward of the target each, their prompts "
@@ -121,6 +124,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         p.error("--draft-depth trains an eagle head on its own drafts: a medusa head drafts from the target's only")
     if args.draft_vocab < 0:
         p.error("--draft-vocab must be >= 0")
+    if args.init is not None and not (args.init / "head.json").is_file():
+        p.error(f"--init: no head of this project's format at {args.init} (a head.json and head.safetensors)")
     return args
 
 
@@ -207,7 +212,7 @@ def run(args, prompts: list[str], budget: Budget, argv: list[str] | None, reused
 
     from models.loading import load_model
     from models.presets import ModelLoadError
-    from sampling.heads import HeadConfig, bind, build, eagle_config
+    from sampling.heads import HeadConfig, bind, build, eagle_config, load_head
 
     out = Path(args.out)
     data_dir = Path(args.data) if args.data else out / "data"
@@ -223,6 +228,17 @@ def run(args, prompts: list[str], budget: Budget, argv: list[str] | None, reused
         return FAILED_EXIT
     model = loaded.model
     vocab_size = model.get_output_embeddings().out_features
+    start = None  # the head --init trains on from: read before any answer is made
+    if args.init is not None:
+        try:
+            start = load_head(args.init, model)
+        except ModelLoadError as error:
+            print(f"error: --init: {error}", file=sys.stderr)
+            return FAILED_EXIT
+        if start.config.kind != args.kind:
+            print(f"error: --init: {args.init} holds a head of kind {start.config.kind}, and --kind asks for "
+                  f"{args.kind}", file=sys.stderr)
+            return FAILED_EXIT
     if reused and (largest := max(int(row["ids"].max()) for row in reused)) >= vocab_size:
         print(f"error: --answers hold token id {largest}, past the target's {vocab_size}: answers of another "
               "tokenizer's model", file=sys.stderr)
@@ -239,10 +255,13 @@ def run(args, prompts: list[str], budget: Budget, argv: list[str] | None, reused
     data_seconds = budget.used()
     held = max(1, round(len(data) * args.held_out)) if args.held_out else 0
     held_rows, train_rows = data[:held], data[held:]
-    vocab = draft_vocabulary(train_rows, vocab_size, args.draft_vocab)
-    config = (eagle_config(model.config, args.intermediate) if args.kind == "eagle"
-              else HeadConfig("medusa", model.config.hidden_size, num_heads=args.heads))
-    module = build(config)
+    if start is not None:  # its shape and draft vocabulary too: the weights were trained for them
+        config, module, vocab = start.config, start.module, start.vocab
+    else:
+        vocab = draft_vocabulary(train_rows, vocab_size, args.draft_vocab)
+        config = (eagle_config(model.config, args.intermediate) if args.kind == "eagle"
+                  else HeadConfig("medusa", model.config.hidden_size, num_heads=args.heads))
+        module = build(config)
     head = bind(config, module, model, vocab)
     stats = train(head, module, train_rows, args, budget, out / CHECKPOINT, not args.no_progress)
     evaluation = (held_out_tokens_per_step(head, held_rows, args.eval_depth, args.eval_tree, DEFAULT_BRANCH,
@@ -255,6 +274,8 @@ def run(args, prompts: list[str], budget: Budget, argv: list[str] | None, reused
             "data_seconds": round(data_seconds), "train_seconds": round(stats["seconds"]), "epochs": stats["epoch"],
             "steps": stats["step"], "stopped_by": stats["stopped_by"], "draft_depth": args.draft_depth,
             "train_bf16": args.train_bf16,
+            "init": None if start is None else {"head": str(args.init), **{
+                key: start.info.get(key) for key in ("answers", "answer_tokens", "steps", "train_seconds")}},
             "held_out": evaluation,
             "parameters": sum(p.numel() for p in module.parameters()), "config": asdict(config),
             "command": "python train_head.py " + " ".join(sys.argv[1:] if argv is None else argv)}

@@ -296,3 +296,41 @@ def test_answers_of_another_tokenizer_are_refused_once_the_target_is_loaded(targ
     assert train_head.main(argv(target, out, prompt_file(tmp_path / "p.jsonl", 2), "--answers", str(answers))) == 1
     assert "--answers hold token id 1000000, past the target's" in capsys.readouterr().err
     assert not (out / "data").exists()  # refused before any answer was made
+
+
+def test_init_trains_on_from_a_heads_weights_and_draft_vocabulary(target, tmp_path, monkeypatch, capsys):
+    """A run that adds answers goes on from the head before (`--init`): training starts from its weights, keeps its
+    shape and draft vocabulary, and head.json says so; a head of another kind is refused before any answer."""
+    from safetensors.torch import load_file
+
+    first, prompts = tmp_path / "first", prompt_file(tmp_path / "p.jsonl", 4)
+    assert train_head.main(argv(target, first, prompts, "--kind", "eagle", "--intermediate", "48",
+                                "--draft-vocab", "20")) == 0
+    before = load_file(str(first / "head.safetensors"))
+    started = {}
+    real = training_learning.train
+
+    def spy(head, module, *rest):
+        started.update({name: value.detach().clone() for name, value in module.state_dict().items()})
+        return real(head, module, *rest)
+
+    monkeypatch.setattr(train_head, "train", spy)
+    second = tmp_path / "second"
+    assert train_head.main(argv(target, second, prompt_file(tmp_path / "more.jsonl", 6), "--kind", "eagle",
+                                "--init", str(first), "--draft-vocab", "30")) == 0
+    vocab = before.pop("draft_vocab")
+    assert started.keys() == before.keys()
+    for name, value in before.items():
+        assert torch.equal(started[name], value.float()), name
+    after = load_file(str(second / "head.safetensors"))
+    assert torch.equal(after["draft_vocab"], vocab)  # the head's own, not a new one of 30
+    assert after["layers.0.mlp.gate_proj.weight"].shape[0] == 48  # its shape, not argv's --intermediate
+    assert training(second)["init"] == {"head": str(first), "answers": 4, "answer_tokens": training(first)[
+        "answer_tokens"], "steps": training(first)["steps"], "train_seconds": training(first)["train_seconds"]}
+    assert not any(torch.equal(after[name].float(), value.float()) for name, value in before.items()
+                   if value.is_floating_point() and value.numel() > 1)  # and it trained on
+
+    third = tmp_path / "third"
+    assert train_head.main(argv(target, third, prompts, "--init", str(first))) == 1  # argv's --kind medusa
+    assert "holds a head of kind eagle, and --kind asks for medusa" in capsys.readouterr().err
+    assert not (third / "data").exists()
