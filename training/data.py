@@ -41,14 +41,12 @@ def make_data(model, tokenizer, prompts: list[str], out: Path, max_new_tokens: i
         next_file += 1
         data.extend(rows)
 
-    again = sorted(unanswered_rows(reused, data), key=lambda row: len(row["ids"]))  # like lengths together
+    again = unanswered_rows(reused, data)
     for first in range(0, len(again), batch):
         if budget.left(share) <= 0:
             print(f"answers: the data share of the budget is spent after {len(data)} answers", file=sys.stderr)
             return data
-        rows = again[first:first + batch]
-        save([{**row, "features": features} for row, features in zip(
-            rows, _features(model, [row["ids"].tolist() for row in rows], pad), strict=True)])
+        save([{**row, "features": _features(model, row["ids"].tolist())} for row in again[first:first + batch]])
     todo = unanswered(prompts, data)
     bar = tqdm(total=len(prompts), initial=len(prompts) - len(todo), desc="answers", unit="prompt",
                disable=not progress)
@@ -194,7 +192,9 @@ def _answer(model, rows: list[list[int]], pad: int, ends: set[int], max_new_toke
 
     deadline = time.monotonic() + seconds
     width = max(map(len, rows))
-    ids, mask, positions = _left_padded(rows, pad, model.device)
+    ids = torch.tensor([[pad] * (width - len(r)) + r for r in rows], device=model.device)
+    mask = torch.tensor([[0] * (width - len(r)) + [1] * len(r) for r in rows], device=model.device)
+    positions = (mask.cumsum(-1) - 1).clamp(min=0)
     cache = DynamicCache(config=model.config)
     decoder, output_layer = model.get_decoder(), model.get_output_embeddings()  # the model without its head, the head
     answers: list[list[int]] = [[] for _ in rows]
@@ -235,25 +235,13 @@ def _answer(model, rows: list[list[int]], pad: int, ends: set[int], max_new_toke
             for prompt, answer, feats in zip(rows, answers, features, strict=True)]
 
 
-def _left_padded(rows: list[list[int]], pad: int, device) -> tuple:
-    """A batch of token rows padded on the left: the ids, the attention mask and each token's position."""
+def _features(model, ids: list[int]):
+    """The last hidden state at every position of `ids` (a prompt and its answer) but the last, from one forward over
+    them: what the answer loop kept while it made them, up to another order of sums. One answer a forward: a padded
+    batch of 16 took twice as long on a CPU (docs/heads.md)."""
     import torch
 
-    width = max(map(len, rows))
-    ids = torch.tensor([[pad] * (width - len(r)) + r for r in rows], device=device)
-    mask = torch.tensor([[0] * (width - len(r)) + [1] * len(r) for r in rows], device=device)
-    return ids, mask, (mask.cumsum(-1) - 1).clamp(min=0)
-
-
-def _features(model, rows: list[list[int]], pad: int) -> list:
-    """The last hidden state at every position but the last of each row (a prompt and its answer), from one forward
-    over the batch: what the answer loop kept while it made them (the same up to rounding)."""
-    import torch
-
-    inputs = [row[:-1] for row in rows]
-    ids, mask, positions = _left_padded(inputs, pad, model.device)
     with torch.inference_mode():
-        hidden = model.get_decoder()(input_ids=ids, attention_mask=mask, position_ids=positions,
+        hidden = model.get_decoder()(input_ids=torch.tensor([ids[:-1]], device=model.device),
                                      use_cache=False).last_hidden_state
-    width = ids.shape[1]
-    return [hidden[b, width - len(row):].to(torch.float16).cpu() for b, row in enumerate(inputs)]
+    return hidden[0].to(torch.float16).cpu()
