@@ -8,6 +8,7 @@ import gzip
 import json
 import sys
 from collections import Counter
+from collections.abc import Sequence
 from pathlib import Path
 
 from training.budget import Budget
@@ -19,7 +20,7 @@ ANSWERS = "answers.jsonl.gz"  # every answer a run trained on, as token ids: wha
 
 
 def make_data(model, tokenizer, prompts: list[str], out: Path, max_new_tokens: int, batch: int, budget: Budget,
-              share: float, progress: bool, reused: list[dict] = ()) -> list[dict]:
+              share: float, progress: bool, reused: Sequence[dict] = ()) -> list[dict]:
     """Each prompt's answer and features, {"ids": (T,) long, "features": (T, H) half, "start": answer start, "prompt":
     its text}, saved one batch per file; the prompts the batches already in `out` answered are not asked again,
     whatever batch size made them. `reused` answers (read_answers) come first: each one's features are made by one
@@ -161,7 +162,7 @@ def unanswered(prompts: list[str], data: list[dict]) -> list[str]:
     return todo
 
 
-def unanswered_rows(rows: list[dict], data: list[dict]) -> list[dict]:
+def unanswered_rows(rows: Sequence[dict], data: list[dict]) -> list[dict]:
     """The answers in `rows` whose prompt no answer in `data` records yet (each answer there stands for one)."""
     answered = Counter(row["prompt"] for row in data if "prompt" in row)
     todo = []
