@@ -26,14 +26,21 @@ PROMPT = [5, 17, 42, 8, 5, 17, 42, 9, 33, 5, 17]
 FORMATS = ("Q4_K", "Q6_K", "Q8_0", "Q5_0")
 
 
-def gguf_tensors(model, seed: int = 0) -> dict[str, tuple[str, torch.Tensor]]:
-    """Random blocks for every linear of a tiny Llama (its GGUF tensor names), the formats taken in turn."""
+# Types for `gguf_tensors(siblings=True)`, by layer: q, k, v, o, gate, up, down. Layer 0's q, k, v share one and its
+# gate and up another; layer 1's v differs from its q and k (as a Q4_K_M file's Q6_K v_proj), its gate from its up.
+SIBLING_FORMATS = (("Q4_K", "Q4_K", "Q4_K", "Q6_K", "Q8_0", "Q8_0", "Q5_0"),
+                   ("Q5_0", "Q5_0", "Q6_K", "Q8_0", "Q4_K", "Q6_K", "Q4_K"))
+
+
+def gguf_tensors(model, seed: int = 0, siblings: bool = False) -> dict[str, tuple[str, torch.Tensor]]:
+    """Random blocks for every linear of a tiny Llama (its GGUF tensor names), the formats taken in turn (or, with
+    `siblings`, as `SIBLING_FORMATS` says)."""
     names = {module: name for name, module in blocks.MODULES.items()}
     tensors = {}
     for index, layer in enumerate(model.model.layers):
         for position, (module, name) in enumerate(names.items()):
             linear = layer.get_submodule(module)
-            kind = FORMATS[(index + position) % len(FORMATS)]
+            kind = (SIBLING_FORMATS[index % 2][position] if siblings else FORMATS[(index + position) % len(FORMATS)])
             raw = random_blocks(kind, linear.out_features, linear.in_features, seed=seed + 10 * index + position)
             tensors[f"blk.{index}.{name}.weight"] = kind, torch.from_numpy(raw)
     head = model.lm_head
@@ -42,14 +49,18 @@ def gguf_tensors(model, seed: int = 0) -> dict[str, tuple[str, torch.Tensor]]:
     return tensors
 
 
-def block_model(seed: int = 0):
-    """A tiny Llama with every linear and its input embedding in random blocks."""
+def block_model(seed: int = 0, siblings: bool = False):
+    """A tiny Llama with every linear and its input embedding in random blocks; with `siblings`, typed as
+    `SIBLING_FORMATS` and q, k, v with biases (as Qwen2's), not joined yet."""
     model = tiny_model(dtype=torch.float32, layers=2, hidden=256, seed=seed)
-    for tensor_name, (kind, raw) in gguf_tensors(model, seed).items():
+    generator = torch.Generator().manual_seed(seed)
+    for tensor_name, (kind, raw) in gguf_tensors(model, seed, siblings).items():
         name = blocks.module_name(tensor_name, tied=False)
         parent, _, child = name.rpartition(".")
+        bias = torch.randn(raw.shape[0], generator=generator) if siblings and child in ("q_proj", "k_proj", "v_proj") \
+            else None
         setattr(model.get_submodule(parent) if parent else model, child, blocks.BlockLinear(raw, kind,
-                model.get_submodule(name).in_features, None))
+                model.get_submodule(name).in_features, bias))
     vocab, hidden = model.config.vocab_size, model.config.hidden_size
     raw = torch.from_numpy(random_blocks("Q8_0", vocab, hidden, seed=seed + 77))
     model.set_input_embeddings(blocks.BlockEmbedding(raw, "Q8_0", hidden))
@@ -100,6 +111,43 @@ def test_on_the_blocks_the_probe_finds_an_exact_path_and_speculative_output_equa
         result = Speculative(target, ModelDrafter(draft, target.vocab_size, alternatives=2, max_tree=6), 5).generate(
             PROMPT, config)
         assert result.token_ids == reference
+
+
+def gguf_mm_calls(model, ids: torch.Tensor) -> int:
+    """How many kernel matmuls one forward of `ids` takes."""
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as profile, torch.inference_mode():
+        model(ids)
+    return sum(event.name == "specchat::gguf_mm" for event in profile.events())
+
+
+def test_siblings_run_as_one_kernel_call_with_the_bits_of_separate_calls():
+    model = block_model(siblings=True)
+    reference = copy.deepcopy(model)
+    assert blocks.join_siblings(model) == 3  # layer 0: q, k, v and gate, up; layer 1: q, k (its v is another type)
+    joined = {name for name, module in model.named_modules() if isinstance(module, blocks.SiblingLinear)}
+    assert joined == {f"model.layers.0.{name}" for name in blocks.SIBLINGS[0] + blocks.SIBLINGS[1]} | {
+        "model.layers.1.self_attn.q_proj", "model.layers.1.self_attn.k_proj"}
+    attention = model.model.layers[0].self_attn
+    assert attention.k_proj.blocks.untyped_storage().data_ptr() == attention.q_proj.blocks.untyped_storage().data_ptr()
+    assert blocks.join_siblings(model) == 0  # joined once
+    ids = torch.tensor([PROMPT])
+    assert (gguf_mm_calls(reference, ids), gguf_mm_calls(model, ids)) == (15, 11)  # 7 a layer and the output's
+    for name, module in model.named_modules():  # each linear still computes its own weights alone
+        if isinstance(module, blocks.SiblingLinear):
+            assert torch.equal(module.dequantized(), reference.get_submodule(name).dequantized())
+    # every forward's logits bit for bit: a prompt, steps, a verify
+    joined_lm, reference_lm = CachedModel(model), CachedModel(reference)
+    with torch.inference_mode():
+        for feed, keep in ((PROMPT, 1), ([3], 1), ([4], 1), ([5, 6, 7, 8], 4)):
+            assert torch.equal(joined_lm.forward(feed, keep), reference_lm.forward(feed, keep))
+    group = attention.q_proj.group
+    assert group.input is None and group.outputs == {}  # nothing held past the layer
+    # a later sibling fed another tensor than the first was computes its own output
+    x, other = torch.randn(3, 256), torch.randn(3, 256)
+    with torch.inference_mode():
+        attention.q_proj(x)
+        assert torch.equal(attention.k_proj(other), reference.model.layers[0].self_attn.k_proj(other))
+        assert torch.equal(attention.v_proj(x), reference.model.layers[0].self_attn.v_proj(x))
 
 
 def write_gguf(path, tensors) -> None:

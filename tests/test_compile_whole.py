@@ -8,6 +8,7 @@ import torch
 
 import kernels
 from models import invariance
+from models.formats import blocks
 from sampling.autoregressive import Autoregressive
 from sampling.base import DecodeConfig
 from sampling.drafters.eagle import EagleDrafter
@@ -109,3 +110,25 @@ def test_models_of_one_class_compiled_in_one_process_each_run_their_own_graph():
             with torch.no_grad():
                 eager = model(input_ids=torch.tensor([PROMPT[:6]])).logits[0, -1]
             torch.testing.assert_close(lm.forward(PROMPT[5:6])[0], eager, rtol=1e-4, atol=1e-4)
+
+
+def test_joined_siblings_compile_whole_rounding_a_verify_as_the_steps_and_speculative_equals_autoregressive():
+    """Linears joined into one kernel call (`blocks.join_siblings`) hand their later siblings' outputs on through the
+    modules' state: the graph keeps that, passes its own check (steps, a verify and a tree bit for bit), computes what
+    the model does eagerly, and greedy speculative output equals autoregressive on it."""
+    model = block_model(siblings=True)
+    assert blocks.join_siblings(model) == 3
+    target = CachedModel(model)
+    assert invariance.probe(target).exact
+    target.compile_whole()
+    assert target.adopt_compiled()
+    target.forward(PROMPT[:5])
+    with torch.no_grad():
+        eager = model(input_ids=torch.tensor([PROMPT[:6]])).logits[0, -1]
+    torch.testing.assert_close(target.forward(PROMPT[5:6])[0], eager, rtol=1e-4, atol=1e-4)
+    group = model.model.layers[0].self_attn.q_proj.group
+    assert group.input is None and group.outputs == {}  # the graph's writes back leave nothing held
+    config = DecodeConfig(max_new_tokens=24)
+    reference = Autoregressive(target).generate(PROMPT, config).token_ids
+    drafter = ModelDrafter(CachedModel(block_model(seed=5)), target.vocab_size, alternatives=2, max_tree=6)
+    assert Speculative(target, drafter, 5).generate(PROMPT, config).token_ids == reference

@@ -63,6 +63,84 @@ class BlockLinear(nn.Module):
                 f"bias={self.bias is not None}")
 
 
+# Linears of a decoder layer that read the same input, in the order the layer calls them (Qwen2's and Llama's).
+SIBLINGS = (("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"), ("mlp.gate_proj", "mlp.up_proj"))
+
+
+class _Siblings:
+    """The blocks of linears that read the same input, one after the other in one buffer (each linear's `blocks` a
+    view of its rows), and the outputs of the last call over all of them that the later ones have not taken yet."""
+
+    def __init__(self, layers: list[BlockLinear]):
+        self.blocks = torch.cat([layer.blocks for layer in layers])
+        self.type_id = layers[0].type_id
+        biases = [layer.bias.detach() for layer in layers if layer.bias is not None]  # all or none (`_kind`)
+        self.bias = torch.cat(biases) if biases else None
+        ends = torch.tensor([layer.out_features for layer in layers]).cumsum(0).tolist()
+        self.bounds = list(zip([0, *ends[:-1]], ends, strict=True))  # each linear's rows
+        self.input: Tensor | None = None
+        self.outputs: dict[int, Tensor] = {}
+
+
+class SiblingLinear(BlockLinear):
+    """A `BlockLinear` whose layer calls it and its siblings on one input (attention's q, k and v; the MLP's gate and
+    up). The first sibling's call computes every sibling's output in one kernel call over their joined blocks: the
+    input rounded once and the threads started once, a fixed cost a small linear's weights do not cover. A later
+    sibling handed that very input tensor takes its columns of the result; any other input it computes itself. Each
+    output column's sums depend on its weights and the row alone, so every output has the bits of separate calls."""
+
+    def __init__(self, layer: BlockLinear, group: _Siblings, index: int):
+        start, end = group.bounds[index]
+        super().__init__(group.blocks[start:end], layer.block_type, layer.in_features,
+                         None if group.bias is None else group.bias[start:end], layer.type_id)
+        self.group, self.index = group, index
+
+    def forward(self, x: Tensor) -> Tensor:
+        group = self.group
+        if self.index == 0:
+            out = torch.ops.specchat.gguf_mm(x.reshape(-1, self.in_features).float(), group.blocks, group.type_id,
+                                             group.blocks.shape[0], group.bias)
+            group.input = x
+            group.outputs = {i: out[:, start:end] for i, (start, end) in enumerate(group.bounds) if i}
+            mine = out[:, : self.out_features]
+        elif group.input is x and self.index in group.outputs:
+            mine = group.outputs.pop(self.index)
+            if not group.outputs:
+                group.input = None  # nothing held past the layer
+        else:
+            return super().forward(x)
+        return mine.reshape(*x.shape[:-1], self.out_features).to(x.dtype)
+
+
+def join_siblings(model: nn.Module) -> int:
+    """Replace, in place, the `BlockLinear`s of each decoder layer that read the same input (`SIBLINGS`) by
+    `SiblingLinear`s over one buffer of their blocks (one layer's weights copied at a time); how many groups were
+    joined. Where they differ (a Q4_K_M file's Q6_K v_proj), the first's run of its own kind joins (`_kind`)."""
+    joined = 0
+    for name, layer in list(model.named_modules()):
+        if not re.search(r"(^|\.)layers\.\d+$", name):
+            continue
+        for names in SIBLINGS:
+            run: list[BlockLinear] = []
+            for child in names:
+                module = getattr(layer, child.split(".")[0], None)
+                module = getattr(module, child.split(".")[1], None)
+                if type(module) is not BlockLinear or (run and _kind(module) != _kind(run[0])):
+                    break
+                run.append(module)
+            if len(run) > 1:
+                group = _Siblings(run)
+                for index, (member, child) in enumerate(zip(run, names[: len(run)], strict=True)):
+                    _swap(layer, child, SiblingLinear(member, group, index))
+                joined += 1
+    return joined
+
+
+def _kind(layer: BlockLinear) -> tuple[int, int, bool]:
+    """What linears must share to run as one call: their blocks' type, their inputs, having a bias."""
+    return layer.type_id, layer.in_features, layer.bias is not None
+
+
 class BlockEmbedding(nn.Module):
     """An input embedding holding one GGUF tensor's blocks, uint8 (num_embeddings, bytes per row): a lookup
     dequantizes the rows of the ids asked to float32 (as the format defines them); no float table is held."""
