@@ -155,7 +155,7 @@ def load_model(
         dense = copy.deepcopy(model).to(compute_dtype) if keep_dense else None  # type: ignore[arg-type]  # as above
         quantize_weights(model, quantize)
     if quantize in ("gguf", "q8_0"):
-        blocks.join_siblings(model)  # q, k, v and gate, up: one kernel call each where their types agree
+        blocks.join_siblings(model)  # q, k, v and gate, up: one kernel call each where their kinds agree
     for weights in (model, dense) if quantize in ("none", "q4k") else (dense,):
         # the same weights in oneDNN's layout: a verify of a few tokens costs about one step; bfloat16 ones only for
         # the model itself (a drafter's bfloat16 prefill copy keeps F.linear, timed for prompts)

@@ -86,8 +86,10 @@ class SiblingLinear(BlockLinear):
     """A `BlockLinear` whose layer calls it and its siblings on one input (attention's q, k and v; the MLP's gate and
     up). The first sibling's call computes every sibling's output in one kernel call over their joined blocks: the
     input rounded once and the threads started once, a fixed cost a small linear's weights do not cover. A later
-    sibling handed that very input tensor takes its columns of the result; any other input it computes itself. Each
-    output column's sums depend on its weights and the row alone, so every output has the bits of separate calls."""
+    sibling handed that very input tensor takes its columns of the result; any other input, or a result gone (taken,
+    or reset by a compiled graph's run on another thread, as the chat's background compile runs), it computes itself.
+    Each output column's sums depend on its weights and the row alone, so every output has the bits of separate
+    calls."""
 
     def __init__(self, layer: BlockLinear, group: _Siblings, index: int):
         start, end = group.bounds[index]
@@ -103,8 +105,8 @@ class SiblingLinear(BlockLinear):
             group.input = x
             group.outputs = {i: out[:, start:end] for i, (start, end) in enumerate(group.bounds) if i}
             mine = out[:, : self.out_features]
-        elif group.input is x and self.index in group.outputs:
-            mine = group.outputs.pop(self.index)
+        elif group.input is x and (taken := group.outputs.pop(self.index, None)) is not None:
+            mine = taken  # one read of the dict: a graph compiled on another thread may reset it between two
             if not group.outputs:
                 group.input = None  # nothing held past the layer
         else:
