@@ -30,7 +30,7 @@ def compile_step(lm: CachedModel, workers: int | None = None) -> float:
     step = _compiled(lm)
     scratch = CachedModel(lm.model)
     scratch.step_model = step
-    with torch.inference_mode(), _compile_config(workers):
+    with torch.inference_mode(), _compile_config(workers, serial=True):
         scratch.forward([0, 0, 0])
         scratch.forward([0])
         scratch.forward([0])
@@ -82,10 +82,13 @@ def every_size() -> contextlib.AbstractContextManager:
     return cast(Any, shapes_config).patch(backed_size_oblivious=True, use_duck_shape=False)
 
 
-def _compile_config(workers: int | None, every_size_too: bool = False) -> contextlib.AbstractContextManager:
+def _compile_config(workers: int | None, every_size_too: bool = False,
+                    serial: bool = False) -> contextlib.AbstractContextManager:
     """Inductor's parallel compile processes (None: its default), `every_size` where asked, and guards that skip a
     module's whole subtree while the tags of its objects' dicts show it unchanged (dynamo's recursive dict tags, off
-    by default and past 256 objects; a model has thousands): half the guards' time a step (docs/kernels.md)."""
+    by default and past 256 objects; a model has thousands): half the guards' time a step (docs/kernels.md).
+    `serial`: the graph's own fused operators on one thread (the matmuls keep torch's threads): a short forward's are
+    too small to pay for starting a second (a drafter step 3-17% faster, docs/kernels.md)."""
     from torch._dynamo import config as dynamo_config
     from torch._inductor import config as inductor_config  # loads with torch.compile: not before it is needed
 
@@ -96,6 +99,8 @@ def _compile_config(workers: int | None, every_size_too: bool = False) -> contex
         stack.enter_context(every_size())
     if workers:
         stack.enter_context(inductor_config.patch(compile_threads=workers))
+    if serial:
+        stack.enter_context(inductor_config.patch({"cpp.threads": 1}))
     return stack
 
 
