@@ -9,6 +9,7 @@ rows, so a verify computes what the one-token steps compute.
 from __future__ import annotations
 
 import re
+from itertools import accumulate
 from pathlib import Path
 
 import numpy as np
@@ -76,7 +77,7 @@ class _Siblings:
         self.type_id = layers[0].type_id
         biases = [layer.bias.detach() for layer in layers if layer.bias is not None]  # all or none (`_kind`)
         self.bias = torch.cat(biases) if biases else None
-        ends = torch.tensor([layer.out_features for layer in layers]).cumsum(0).tolist()
+        ends = list(accumulate(layer.out_features for layer in layers))
         self.bounds = list(zip([0, *ends[:-1]], ends, strict=True))  # each linear's rows
         self.input: Tensor | None = None
         self.outputs: dict[int, Tensor] = {}
