@@ -81,11 +81,11 @@ constexpr bool kAmx = false;
 #endif
 
 // The int32 sums of one row with one scale group's tile rows of codes (16 columns, four values a row) with VNNI:
-// each tile row times the row's four activations there, broadcast; two chains for half the latency.
+// each tile row times the row's four activations there, broadcast, added to `start`; two chains for half the latency.
 template <int kCount>
-inline __m512i dot_vnni(const __m512i* codes, const int8_t* x) {
+inline __m512i dot_vnni(const __m512i* codes, const int8_t* x, __m512i start = _mm512_setzero_si512()) {
   const int32_t* quads = reinterpret_cast<const int32_t*>(x);
-  __m512i even = _mm512_setzero_si512(), odd = _mm512_setzero_si512();
+  __m512i even = start, odd = _mm512_setzero_si512();
   for (int r = 0; r < kCount; r += 2) {
     even = _mm512_dpbusd_epi32(even, codes[r], _mm512_set1_epi32(quads[r]));
     odd = _mm512_dpbusd_epi32(odd, codes[r + 1], _mm512_set1_epi32(quads[r + 1]));
@@ -98,7 +98,7 @@ struct RowTerms {
   const int8_t* x;       // (rows, k) int8
   const float* scale;    // (rows, k / 32): the activations' scales
   const float* sums;     // (rows, k / 32): Q4_K: the sums of each group's int8 values
-  const int32_t* offset; // the codes' offset: Q6_K (rows, k / 16), 32 times the sums of each 16 int8 values;
+  const int32_t* offset; // the codes' offset: Q6_K (rows, k / 16), -32 times the sums of each 16 int8 values;
                          // Q4_0 (rows, k / 32), 8 times the sums of each 32
   int64_t k, rows;
 };
@@ -161,8 +161,8 @@ struct Q6Scales {
       scale[j] = _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(
                                       _mm_loadu_si128(reinterpret_cast<const __m128i*>(unit + 3072 + 16 * j)))));
   }
-  __m512 step(__m512 total, __m512i dot, int j, const RowTerms& t, int64_t m, int64_t u) const {
-    const __m512i exact = _mm512_sub_epi32(dot, _mm512_set1_epi32(t.offset[m * (t.k / 16) + u * 16 + j]));
+  // `exact`: the sub-block's int32 sum with the codes' offset taken off (the VNNI path starts its sum there)
+  __m512 step(__m512 total, __m512i exact, int j, const RowTerms& t, int64_t m, int64_t u) const {
     const __m512 x_scale = _mm512_set1_ps(t.scale[m * (t.k / 32) + u * 8 + j / 2]);
     return _mm512_fmadd_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(exact), scale[j]), x_scale, total);
   }
@@ -220,8 +220,11 @@ inline void vnni_q6_k(const uint8_t* unit, int64_t u, const RowTerms& t, float* 
       _mm_prefetch(reinterpret_cast<const char*>(unit + ahead(t.rows, 3360) + 64 * (14 * q + i)), _MM_HINT_T0);
     for (int64_t m = 0; m < t.rows; ++m) {
       __m512 total = _mm512_load_ps(acc + 16 * m);
-      for (int h = 0; h < 4; ++h)
-        total = scales.step(total, dot_vnni<4>(rows[h], x + m * t.k + 16 * (4 * h + q)), 4 * h + q, t, m, u);
+      for (int h = 0; h < 4; ++h) {
+        const int j = 4 * h + q;
+        const __m512i offset = _mm512_set1_epi32(t.offset[m * (t.k / 16) + u * 16 + j]);
+        total = scales.step(total, dot_vnni<4>(rows[h], x + m * t.k + 16 * j, offset), j, t, m, u);
+      }
       _mm512_store_ps(acc + 16 * m, total);
     }
   }
@@ -294,7 +297,7 @@ void matmul(int64_t type, const uint8_t* w, int64_t row_bytes, const Activations
   for (int64_t m = 0; m < count; ++m) {
     const int16_t* s = a.s + (row0 + m) * 2 * groups;  // the sums of each 16 int8 values
     if (six) {
-      for (int64_t j = 0; j < 2 * groups; ++j) offsets[m * 2 * groups + j] = 32 * s[j];
+      for (int64_t j = 0; j < 2 * groups; ++j) offsets[m * 2 * groups + j] = -32 * s[j];
     } else {
       for (int64_t g = 0; g < groups; ++g) {
         const int32_t group_sum = s[2 * g] + s[2 * g + 1];

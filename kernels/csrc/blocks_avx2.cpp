@@ -29,6 +29,7 @@ const __m128i kMinPairs = _mm_setr_epi8(8, 8, 9, 9, 10, 10, 11, 11, 12, 12, 13, 
 // into s.
 void round_row(const float* x, int64_t k, int64_t group, int8_t* q, float* d, int16_t* s) {
   const __m256 sign = _mm256_set1_ps(-0.0f);
+  const __m256i top_code = _mm256_set1_epi32(127), bottom_code = _mm256_set1_epi32(-127);
   for (int64_t g = 0; g < k / group; ++g) {
     const float* xs = x + g * group;
     __m256 amax = _mm256_setzero_ps();
@@ -39,22 +40,22 @@ void round_row(const float* x, int64_t k, int64_t group, int8_t* q, float* d, in
     const float top = _mm_cvtss_f32(m4);
     d[g] = top / 127.0f;
     const __m256 inverse = _mm256_set1_ps(top > 0.0f ? 127.0f / top : 0.0f);
-    int8_t* qs = q + g * group;
-    int16_t* ss = s + g * group / 16;
     for (int64_t i = 0; i < group; i += 16) {
-      int sum = 0;
-      for (int64_t j = i; j < i + 16; j += 8) {
-        const __m256i v = _mm256_cvtps_epi32(_mm256_round_ps(_mm256_mul_ps(_mm256_loadu_ps(xs + j), inverse),
-                                                             _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
-        alignas(32) int32_t lanes[8];
-        _mm256_store_si256(reinterpret_cast<__m256i*>(lanes), v);
-        for (int l = 0; l < 8; ++l) {
-          const int value = lanes[l] > 127 ? 127 : lanes[l] < -127 ? -127 : lanes[l];
-          qs[j + l] = static_cast<int8_t>(value);
-          sum += value;
-        }
+      __m256i v[2];
+      for (int h = 0; h < 2; ++h) {
+        const __m256 scaled = _mm256_mul_ps(_mm256_loadu_ps(xs + i + 8 * h), inverse);
+        v[h] = _mm256_cvtps_epi32(_mm256_round_ps(scaled, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+        v[h] = _mm256_min_epi32(_mm256_max_epi32(v[h], bottom_code), top_code);
       }
-      ss[i / 16] = static_cast<int16_t>(sum);
+      // int16 pairs of 4 come out lane-interleaved: put them back in order, then down to bytes
+      const __m256i words = _mm256_permute4x64_epi64(_mm256_packs_epi32(v[0], v[1]), 0xD8);
+      const __m128i bytes = _mm_packs_epi16(_mm256_castsi256_si128(words), _mm256_extracti128_si256(words, 1));
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(q + g * group + i), bytes);
+      const __m256i eight = _mm256_add_epi32(v[0], v[1]);
+      __m128i four = _mm_add_epi32(_mm256_castsi256_si128(eight), _mm256_extracti128_si256(eight, 1));
+      four = _mm_add_epi32(four, _mm_shuffle_epi32(four, 0x4E));
+      four = _mm_add_epi32(four, _mm_shuffle_epi32(four, 0xB1));
+      s[(g * group + i) / 16] = static_cast<int16_t>(_mm_cvtsi128_si32(four));
     }
   }
 }
