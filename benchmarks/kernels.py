@@ -166,13 +166,16 @@ def main(argv: list[str]) -> int:
     best = {which: min(ms) for which, ms in llama.items() if ms and None not in ms}
     llama_ms, llama_avx2_ms = best.get(""), best.get("avx2")
     result = {"machine": {"cpu": _cpu_name(), "isas": isas, "threads": threads, "torch": torch.__version__},
+              "prefetch_bytes": kernels.prefetch(),
               "weight_bytes": weight_bytes,
               "packed_bytes": {isa: sum(weights.numel() for weights, *_ in per) for isa, per in linears.items()},
               "read_gb_s": max(reads) / 1e9, "floor_ms": floor_ms,
               "kernel_ms": kernel_ms, "step_ms": step_ms, "llamacpp_ms_per_token": llama_ms,
               "llamacpp_avx2_ms_per_token": llama_avx2_ms}
+    ahead = f"{kernels.prefetch()} bytes ahead" if kernels.prefetch() else "at each layout's own distance"
     print(f"{len(linears[isas[0]])} linears, {weight_bytes / 1e9:.3f} GB in the file; streaming read "
-          f"{max(reads) / 1e9:.1f} GB/s: floor {floor_ms:.1f} ms; {_cpu_name()}, {threads} threads")
+          f"{max(reads) / 1e9:.1f} GB/s: floor {floor_ms:.1f} ms; {_cpu_name()}, {threads} threads; the weights' "
+          f"lines asked for {ahead} (this machine's choice)")
     print("| rows | " + " | ".join(str(r) for r in ROWS) + " |\n|---|" + "---|" * len(ROWS))
     for isa, per in kernel_ms.items():
         print(f"| linears, {isa}, ms | " + " | ".join(f"{per[r]:.0f}" for r in ROWS) + " |")

@@ -97,6 +97,14 @@ def use(name: str = "") -> str:
     return str(torch.ops.specchat.gguf_use(name))
 
 
+def prefetch(ahead: int | None = None) -> int:
+    """How far ahead of the weights they stream (bytes) the kernels ask for cache lines, set to `ahead` where given
+    (0: each layout's own distance); the distance now. It changes no result, only when the lines arrive."""
+    if (reason := unavailable()) is not None:
+        raise RuntimeError(f"the GGUF block kernels cannot run here: {reason}")
+    return int(torch.ops.specchat.gguf_prefetch(-1 if ahead is None else ahead))
+
+
 def row_attention(q: Tensor, k: Tensor, v: Tensor, seen: Tensor | None, scaling: float) -> Tensor:
     """Attention one query row at a time over the keys it sees, in order: q (B, H, Q, D), k and v (B, Hkv, K, D)
     float32, `seen` None (causal, the rows being the last Q keys) or bool (B or 1, Q, K). (B, Q, H, Dv)."""

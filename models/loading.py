@@ -20,7 +20,7 @@ from transformers.utils import logging as hf_logging
 import kernels
 from models import grouped_attention
 from models.devices import resolve_device, resolve_dtype
-from models.formats import blocks, choice, q4k
+from models.formats import blocks, choice, prefetch, q4k
 from models.formats.prepack import available as prepack_available
 from models.formats.prepack import is_prepacked, prepack
 from models.formats.quantize import activation_dtype, quantize_weights, resolve_quantize
@@ -156,6 +156,7 @@ def load_model(
         quantize_weights(model, quantize)
     if quantize in ("gguf", "q8_0"):
         blocks.join_siblings(model)  # q, k, v and gate, up: one kernel call each where their kinds agree
+        prefetch.tune(model, cache_root)  # how far ahead the kernels read: this machine's kept choice, else timed
     for weights in (model, dense) if quantize in ("none", "q4k") else (dense,):
         # the same weights in oneDNN's layout: a verify of a few tokens costs about one step; bfloat16 ones only for
         # the model itself (a drafter's bfloat16 prefill copy keeps F.linear, timed for prompts)

@@ -4,6 +4,7 @@ greedy speculative output identical to autoregressive on them."""
 from __future__ import annotations
 
 import copy
+import json
 
 import pytest
 import torch
@@ -315,3 +316,39 @@ def test_the_tensor_list_read_from_a_files_header_is_gguf_pys(tmp_path):
     expected = [(t.name, t.tensor_type.name, tuple(int(n) for n in t.shape), int(t.data_offset), int(t.n_bytes))
                 for t in GGUFReader(str(path)).tensors]
     assert [(t.name, t.type_name, t.shape, t.data_offset, t.n_bytes) for t in tensor_infos(path)] == expected
+
+
+def test_the_prefetch_distance_is_timed_once_on_the_models_linears_kept_and_read_back(tmp_path):
+    from models.formats import prefetch
+
+    model = block_model(siblings=True)
+    blocks.join_siblings(model)
+    try:
+        assert prefetch.tune(model, tmp_path) is None  # a model this small stays in cache: nothing to learn
+        assert not (tmp_path / "calibration").exists()
+        chosen = prefetch.tune(model, tmp_path, least_bytes=0)  # timed for real on its linears
+        assert chosen in prefetch.CANDIDATES and kernels.prefetch() == chosen
+        (kept,) = (tmp_path / "calibration").glob("*.prefetch.json")
+        record = json.loads(kept.read_text())
+        assert record["ahead"] == chosen and record["key"]["isa"] == kernels.isa()
+        assert set(record["seconds"]) == {str(ahead) for ahead in prefetch.CANDIDATES}
+
+        def no_timing(_):
+            raise AssertionError("timed again")
+
+        kernels.prefetch(0)
+        assert prefetch.tune(model, tmp_path, least_bytes=0, timer=no_timing) == chosen == kernels.prefetch()
+    finally:
+        kernels.prefetch(0)
+
+
+@pytest.mark.parametrize(("seconds", "taken"), [({0: 1.0, 4096: 0.98, 8192: 0.99, 16384: 1.2}, 0),
+                                                 ({0: 1.0, 4096: 0.96, 8192: 0.9, 16384: 0.95}, 8192)])
+def test_another_distance_is_taken_only_where_it_saves_more_than_the_timings_noise(tmp_path, seconds, taken):
+    from models.formats import prefetch
+
+    model = block_model()
+    try:
+        assert prefetch.tune(model, tmp_path, least_bytes=0, timer=lambda _: seconds) == taken
+    finally:
+        kernels.prefetch(0)

@@ -174,6 +174,24 @@ def test_the_tile_layout_gives_the_same_bits_with_amx_and_with_vnni_alone(block_
     assert type_id > 512 and torch.equal(vnni, tiles)
 
 
+@pytest.mark.parametrize("block_type", list(kernels.BLOCKS))
+def test_how_far_ahead_the_kernels_read_changes_no_bit(isa, block_type):
+    raw = torch.from_numpy(random_blocks(block_type, 32, 1024, seed=15))
+    x = torch.randn(11, 1024, generator=torch.Generator().manual_seed(16))
+    try:
+        outputs = []
+        for ahead in (0, 64, 4096, 1 << 20):
+            assert kernels.prefetch(ahead) == ahead
+            outputs.append([kernels.matmul(x[:rows], raw, block_type, 32) for rows in (1, 4, 11)])
+        for other in outputs[1:]:
+            assert all(torch.equal(got, first) for got, first in zip(other, outputs[0], strict=True))
+        assert kernels.prefetch() == 1 << 20  # asked, not set
+        with pytest.raises(RuntimeError, match="past any cache"):
+            kernels.prefetch((1 << 20) + 1)
+    finally:
+        kernels.prefetch(0)
+
+
 @pytest.mark.parametrize("block_type", ["Q8_0", "Q4_0"])
 def test_quantization_makes_the_blocks_ggml_makes(block_type):
     from gguf import GGMLQuantizationType, quants

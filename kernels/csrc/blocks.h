@@ -49,6 +49,7 @@ struct Activations {
   int64_t k;
   int64_t group;
   int64_t row_stride;  // 2 k: room for a unit of 128 values and its 128 bytes of lanes
+  int64_t ahead;       // bytes ahead of the weights being read whose cache lines are asked for; 0: each layout's own
 };
 
 constexpr int64_t kUnitExtra = 128;  // 16 float scales and 16 int32 offsets after each unit's values

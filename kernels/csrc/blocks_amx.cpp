@@ -101,6 +101,7 @@ struct RowTerms {
   const int32_t* offset; // the codes' offset: Q6_K (rows, k / 16), -32 times the sums of each 16 int8 values;
                          // Q4_0 (rows, k / 32), 8 times the sums of each 32
   int64_t k, rows;
+  int64_t ahead;         // Activations::ahead
 };
 
 // Q4_K_TILES (four pairs of groups) and Q4_0_TILES (two): each pair's nibbles a byte each, group 2p then 2p + 1.
@@ -182,9 +183,9 @@ struct Q40Scales {
   }
 };
 
-// How far ahead of the codes a unit reads their lines are asked for: one unit (2 KB) for one row, two for several,
-// whose VNNI then waits on memory less; one row's step measured slower asking two ahead (docs/kernels.md).
-inline int64_t ahead(int64_t rows, int64_t unit) { return rows == 1 ? unit : 2 * unit; }
+// How far ahead of the codes a unit reads their lines are asked for: as set (bytes), else one unit (2 KB) for one
+// row and two for several, whose VNNI then waits on memory less (docs/kernels.md).
+inline int64_t ahead(const RowTerms& t, int64_t unit) { return t.ahead ? t.ahead : t.rows == 1 ? unit : 2 * unit; }
 
 // A unit for every row with VNNI, the codes decoded in registers and each group's sums taken to the float step at once.
 template <class Scales, int kPairs>
@@ -196,7 +197,7 @@ inline void vnni_nibbles(const uint8_t* unit, int64_t u, const RowTerms& t, floa
     __m512i low[8], high[8];
     for (int r = 0; r < 8; ++r) {
       const __m512i both = load(unit + 512 * p + 64 * r);
-      _mm_prefetch(reinterpret_cast<const char*>(unit + 512 * p + 64 * r + ahead(t.rows, 2048)), _MM_HINT_T0);
+      _mm_prefetch(reinterpret_cast<const char*>(unit + 512 * p + 64 * r + ahead(t, 2048)), _MM_HINT_T0);
       low[r] = _mm512_and_si512(both, nibble);
       high[r] = _mm512_and_si512(_mm512_srli_epi16(both, 4), nibble);
     }
@@ -217,7 +218,7 @@ inline void vnni_q6_k(const uint8_t* unit, int64_t u, const RowTerms& t, float* 
     __m512i rows[4][4];
     decode_q6_k(unit, q, rows);
     for (int i = 0; i < 14; ++i)
-      _mm_prefetch(reinterpret_cast<const char*>(unit + ahead(t.rows, 3360) + 64 * (14 * q + i)), _MM_HINT_T0);
+      _mm_prefetch(reinterpret_cast<const char*>(unit + ahead(t, 3360) + 64 * (14 * q + i)), _MM_HINT_T0);
     for (int64_t m = 0; m < t.rows; ++m) {
       __m512 total = _mm512_load_ps(acc + 16 * m);
       for (int h = 0; h < 4; ++h) {
@@ -306,7 +307,7 @@ void matmul(int64_t type, const uint8_t* w, int64_t row_bytes, const Activations
       }
     }
   }
-  const RowTerms terms{a.q + row0 * a.k, a.d + row0 * groups, sums.data(), offsets.data(), a.k, count};
+  const RowTerms terms{a.q + row0 * a.k, a.d + row0 * groups, sums.data(), offsets.data(), a.k, count, a.ahead};
 #ifdef __AMX_INT8__
   if (tiles) configure(count);
 #endif

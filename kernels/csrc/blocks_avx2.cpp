@@ -93,7 +93,7 @@ void q4_k(const uint8_t* w, const Activations& a, int64_t row0, float* result) {
   for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
   for (int64_t b = 0; b < blocks; ++b) {
     const uint8_t* block = w + b * 144;
-    prefetch(block, 144);
+    prefetch(block, 144, a.ahead);
     const __m256 d = _mm256_set1_ps(half(block)), dmin = _mm256_set1_ps(half(block + 2));
     uint32_t u[3];
     std::memcpy(u, block + 4, 12);  // 6-bit scales and mins of the 8 groups, packed
@@ -142,7 +142,7 @@ void q6_k(const uint8_t* w, const Activations& a, int64_t row0, float* result) {
   for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
   for (int64_t b = 0; b < blocks; ++b) {
     const uint8_t* block = w + b * 210;
-    prefetch(block, 210);
+    prefetch(block, 210, a.ahead);
     const int8_t* scale = reinterpret_cast<const int8_t*>(block + 192);  // one per 16 weights
     const __m256 d = _mm256_set1_ps(half(block + 208));
     const __m256i scales = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(scale)));
@@ -189,7 +189,7 @@ void q8_0(const uint8_t* w, const Activations& a, int64_t row0, float* result) {
   for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
   for (int64_t b = 0; b < blocks; ++b) {
     const uint8_t* block = w + b * 34;
-    prefetch(block, 34);
+    prefetch(block, 34, a.ahead);
     const float d = half(block);
     const __m256i codes = load(block + 2);
     const __m256i magnitude = _mm256_sign_epi8(codes, codes);
@@ -218,7 +218,7 @@ void q5_0(const uint8_t* w, const Activations& a, int64_t row0, float* result) {
   for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
   for (int64_t b = 0; b < blocks; ++b) {
     const uint8_t* block = w + b * bytes;
-    prefetch(block, bytes);
+    prefetch(block, bytes, a.ahead);
     const float d = half(block);
     const __m128i packed = _mm_loadu_si128(reinterpret_cast<const __m128i*>(block + bytes - 16));
     __m256i codes = _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(packed, 4), nibble), _mm_and_si128(packed, nibble));
@@ -258,7 +258,7 @@ void q4_k_lanes(const uint8_t* w, const Activations& a, int64_t row0, float* res
   packed_rows<R>(a, row0, rows);
   for (int64_t u = 0; u < units; ++u) {
     const uint8_t* block = w + u * 148;
-    prefetch(block, 148);
+    prefetch(block, 148, a.ahead);
     const int64_t at = u * (256 + kUnitExtra);
     __m256i pairs[R];
     for (int r = 0; r < R; ++r) pairs[r] = _mm256_setzero_si256();
@@ -289,7 +289,7 @@ void q6_k_lanes(const uint8_t* w, const Activations& a, int64_t row0, float* res
   packed_rows<R>(a, row0, rows);
   for (int64_t u = 0; u < units; ++u) {
     const uint8_t* block = w + u * 210;
-    prefetch(block, 210);
+    prefetch(block, 210, a.ahead);
     const int64_t at = u * (256 + kUnitExtra);
     const __m256 d = _mm256_set1_ps(half(block + 208));
 #pragma GCC unroll 1
@@ -335,7 +335,7 @@ void small_lanes(const uint8_t* w, const Activations& a, int64_t row0, float* re
   packed_rows<R>(a, row0, rows);
   for (int64_t u = 0; u < units; ++u) {
     const uint8_t* unit = w + u * bytes;
-    prefetch(unit, bytes);
+    prefetch(unit, bytes, a.ahead);
     const int64_t at = u * (128 + kUnitExtra);
     const __m128 d4 = _mm_cvtph_ps(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(unit + bytes - 8)));
     const __m256 halves[2] = {_mm256_set_m128(_mm_shuffle_ps(d4, d4, 0x55), _mm_shuffle_ps(d4, d4, 0x00)),

@@ -57,7 +57,7 @@ void q4_k(const uint8_t* w, const Activations& a, int64_t row0, float* result) {
   packed_rows<R>(a, row0, rows);
   for (int64_t u = 0; u < units; ++u) {
     const uint8_t* block = w + u * 148;
-    prefetch(block, 148);
+    prefetch(block, 148, a.ahead);
     const Q4KLaneScales scales(block);
     const __m512i first = load(block), second = load(block + 64);
     const __m512i codes[4] = {_mm512_and_si512(first, nibble), _mm512_and_si512(_mm512_srli_epi16(first, 4), nibble),
@@ -86,7 +86,7 @@ void q6_k(const uint8_t* w, const Activations& a, int64_t row0, float* result) {
   packed_rows<R>(a, row0, rows);
   for (int64_t u = 0; u < units; ++u) {
     const uint8_t* block = w + u * 210;
-    prefetch(block, 210);
+    prefetch(block, 210, a.ahead);
     const __m128i scale_bytes = _mm_loadu_si128(reinterpret_cast<const __m128i*>(block + 192));
     const __m512 scales = _mm512_mul_ps(_mm512_set1_ps(half(block + 208)),
                                         _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(scale_bytes)));
@@ -126,7 +126,7 @@ void small_blocks(const uint8_t* w, const Activations& a, int64_t row0, float* r
   packed_rows<R>(a, row0, rows);
   for (int64_t u = 0; u < units; ++u) {
     const uint8_t* unit = w + u * bytes;
-    prefetch(unit, bytes);
+    prefetch(unit, bytes, a.ahead);
     __m512i codes[2];
     if (kQ8) {
       codes[0] = load(unit);

@@ -79,6 +79,20 @@ std::vector<std::string> gguf_isas() {
   return names;
 }
 
+// How far ahead of the weights they read (bytes) the kernels ask for cache lines; 0: each layout's own distance. A
+// property of the machine's memory more than of the code: timed where the kernels run (models/formats/prefetch.py).
+std::atomic<int64_t>& ahead() {
+  static std::atomic<int64_t> bytes{0};
+  return bytes;
+}
+
+// Set the distance (bytes, 0 for each layout's own; below 0 leaves it); the distance now.
+int64_t gguf_prefetch(int64_t bytes) {
+  TORCH_CHECK(bytes <= (int64_t{1} << 20), "specchat::gguf_prefetch: ", bytes, " bytes ahead is past any cache");
+  if (bytes >= 0) ahead().store(bytes);
+  return ahead().load();
+}
+
 // Run on the kernels of one instruction set from now on ("" for the best); the name in use.
 std::string gguf_use(const std::string& isa) {
   const auto names = gguf_isas();
@@ -131,7 +145,7 @@ at::Tensor gguf_mm(const at::Tensor& x, const at::Tensor& w, int64_t type, int64
   int8_t* base = buffer.data() + (64 - reinterpret_cast<uintptr_t>(buffer.data()) % 64) % 64;
   const Activations a{base + d_bytes + s_bytes, reinterpret_cast<const float*>(base),
                       reinterpret_cast<const int16_t*>(base + d_bytes), base + d_bytes + s_bytes + q_bytes, k, group,
-                      2 * k};
+                      2 * k, ahead().load(std::memory_order_relaxed)};
   at::Tensor out = at::empty({rows, n_out}, x.options());
   const float* x_data = input.data_ptr<float>();
   at::parallel_for(0, rows, 1, [&](int64_t begin, int64_t end) { kernels->quantize(type, x_data, begin, end - begin, a); });
@@ -205,6 +219,7 @@ TORCH_LIBRARY(specchat, m) {
   m.def("gguf_isa() -> str", &specchat::gguf_isa);
   m.def("gguf_isas() -> str[]", &specchat::gguf_isas);
   m.def("gguf_use(str isa) -> str", &specchat::gguf_use);
+  m.def("gguf_prefetch(int bytes) -> int", &specchat::gguf_prefetch);
   m.def("gguf_layout(int ggml_type, int k, int n) -> int", &specchat::gguf_layout);
   m.def("gguf_pack(Tensor w, int ggml_type) -> Tensor");
   m.def("gguf_unpack(Tensor w, int ggml_type) -> Tensor");

@@ -24,10 +24,10 @@ inline float sum8(__m256 v) {
   return _mm_cvtss_f32(_mm_add_ss(x, _mm_movehdup_ps(x)));
 }
 
-// The weights stream from memory once: ask for the cache lines of the blocks `ahead` bytes on, which the hardware
-// prefetcher alone brings too late while the dot products run.
-inline void prefetch(const uint8_t* p, int64_t bytes) {
-  constexpr int64_t ahead = 1024;
+// The weights stream from memory once: ask for the cache lines of the blocks `ahead` bytes on (0: 1 KB), which the
+// hardware prefetcher alone brings too late while the dot products run.
+inline void prefetch(const uint8_t* p, int64_t bytes, int64_t ahead) {
+  if (ahead == 0) ahead = 1024;
   for (int64_t line = 0; line < bytes; line += 64) _mm_prefetch(reinterpret_cast<const char*>(p + ahead + line), _MM_HINT_T0);
 }
 
