@@ -157,7 +157,11 @@ def probe_and_calibrate(target: CachedModel, drafter: CachedModel | None, record
     """Probe the target's path, then (`calibrate`) time the forwards and choose the drafting settings, but those in
     `keep` (the user's); each probed or timed once per machine, models and formats (`again`: anew)."""
     from app.calibration import probe, tune
+    from models.formats import prefetch
 
+    if again:  # how far ahead the kernels read: a property of the machine's memory, timed at load, now anew
+        with report.status("timing how far ahead the kernels read the weights …"):
+            prefetch.tune(target.model, records.cache_dir, again=True, announce=False)
     with report.status("checking that this machine verifies as it steps (once) …"):
         identity, probed = probe(records.cache_dir, target, records.key, again=again)
     said = Said.NEWS if probed else Said.KEPT

@@ -338,6 +338,14 @@ def test_the_prefetch_distance_is_timed_once_on_the_models_linears_kept_and_read
 
         kernels.prefetch(0)
         assert prefetch.tune(model, tmp_path, least_bytes=0, timer=no_timing) == chosen == kernels.prefetch()
+        other = next(ahead for ahead in prefetch.CANDIDATES if ahead not in (0, chosen))
+        seconds = {ahead: 0.5 if ahead == other else 1.0 for ahead in prefetch.CANDIDATES}
+        assert prefetch.tune(model, tmp_path, again=True, least_bytes=0, timer=lambda _: seconds) == other  # /calibrate
+        assert json.loads(kept.read_text())["ahead"] == other
+        unwritable = tmp_path / "unwritable"
+        unwritable.mkdir()
+        (unwritable / "calibration").write_text("a file where the directory would go")
+        assert prefetch.tune(model, unwritable, least_bytes=0, timer=lambda _: seconds) == other  # still serves
     finally:
         kernels.prefetch(0)
 

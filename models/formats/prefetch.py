@@ -19,6 +19,7 @@ from torch import nn
 import kernels
 from models.devices import cpu_flags, cpu_model
 from models.formats.blocks import BlockLinear
+from utils.files import write_atomically
 
 CANDIDATES = (0, 4096, 8192, 16384)  # bytes ahead; 0: each layout's own (1 KB for lanes, one or two units for tiles)
 ROWS = (1, 4)  # a one-token step and a short verify
@@ -27,11 +28,11 @@ BETTER = 0.97  # another distance is taken where it saves 3% of the layouts' own
 LEAST_BYTES = 256 << 20  # weights past any last-level cache seen on these machines: a pass streams them from memory
 
 
-def tune(model: nn.Module, cache_dir: Path, least_bytes: int = LEAST_BYTES,
+def tune(model: nn.Module, cache_dir: Path, again: bool = False, announce: bool = True, least_bytes: int = LEAST_BYTES,
          timer: Callable[[list[BlockLinear]], dict[int, float]] | None = None) -> int | None:
     """Set the kernels' distance to this machine's kept choice, timing it first on `model`'s block linears where none
-    is kept and they hold `least_bytes` or more (fewer stay in cache, and a timing on them says nothing about memory);
-    the distance set, or None where nothing was chosen."""
+    is kept (or `again`) and they hold `least_bytes` or more (fewer stay in cache, and a timing on them says nothing
+    about memory); the distance set, or None where nothing was chosen. `announce`: say so on stderr before timing."""
     if kernels.unavailable() is not None:
         return None
     key = {"cpu": cpu_model(), "flags": sorted(cpu_flags() & {"avx2", "avx512f", "avx512_vnni", "amx_int8"}),
@@ -39,19 +40,29 @@ def tune(model: nn.Module, cache_dir: Path, least_bytes: int = LEAST_BYTES,
            "threads": torch.get_num_threads()}
     digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
     path = cache_dir / "calibration" / f"{digest}.prefetch.json"
-    try:
-        return kernels.prefetch(int(json.loads(path.read_text(encoding="utf-8"))["ahead"]))
-    except (OSError, ValueError, KeyError, RuntimeError):  # RuntimeError: a kept distance the op refuses
-        pass
+    if not again:
+        try:
+            return kernels.prefetch(int(json.loads(path.read_text(encoding="utf-8"))["ahead"]))
+        except (OSError, ValueError, KeyError, TypeError, RuntimeError):  # RuntimeError: a distance the op refuses
+            pass
     linears = [module for module in model.modules() if isinstance(module, BlockLinear)]
     if sum(linear.blocks.numel() for linear in linears) < least_bytes:
         return None
-    print("timing how far ahead this CPU's kernels read the weights (once) …", file=sys.stderr)
+    if announce:
+        print("timing how far ahead this CPU's kernels read the weights (once) …", file=sys.stderr)
     seconds = (timer or time_distances)(linears)
     best = min(seconds, key=seconds.__getitem__)
     ahead = best if seconds[best] <= BETTER * seconds[0] else 0
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps({"key": key, "seconds": seconds, "ahead": ahead}, indent=1) + "\n", encoding="utf-8")
+    text = json.dumps({"key": key, "seconds": seconds, "ahead": ahead}, indent=1) + "\n"
+
+    def write(partial: Path) -> None:
+        partial.write_text(text, encoding="utf-8")
+
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        write_atomically(path, write)
+    except OSError:  # a read-only cache dir: the choice still serves this run
+        pass
     return kernels.prefetch(ahead)
 
 
