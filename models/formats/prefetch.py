@@ -1,7 +1,7 @@
 """How far ahead of the weights they stream the project's kernels ask for cache lines, on this machine. The hardware
 prefetcher alone brings the lines too late while the dot products run, and the distance that serves best is a property
-of the machine's memory more than of the code (docs/kernels.md: on one Xeon model a one-token pass 14% faster asking
-four units ahead, where an earlier host of the same model had measured it slower). So each candidate is timed on the
+of the machine's memory more than of the code (docs/kernels.md: on one Xeon host a one-token pass 14% faster asking
+four units ahead, where an earlier AMX Xeon host had measured it slower). So each candidate is timed on the
 model's own linears, a one-token step and a verify of four, and the choice is kept per machine and kernel build."""
 
 from __future__ import annotations
