@@ -10,7 +10,6 @@ cap, the verify width, the alternatives and the cumulative stop from those timin
 from __future__ import annotations
 
 import datetime
-import hashlib
 import json
 import math
 import statistics
@@ -26,7 +25,7 @@ from models.invariance import Invariance
 from sampling.settings import CALIBRATED, StrategySettings
 from utils.caching import CachedModel
 from utils.errors import one_line
-from utils.files import write_atomically
+from utils.files import key_file, write_record  # records kept per key: "" the timings, "invariance" the probe
 
 WIDTHS = (1, 2, 3, 4, 5, 6, 8, 10, 12, 14, 16, 20)  # new tokens per timed target forward
 CONTEXT = 128  # cached tokens when the forwards are timed: a short chat turn
@@ -149,12 +148,6 @@ def machine_key(target: str, target_format: str, drafter: str | None, drafter_fo
             "drafter": drafter, "drafter_format": drafter_format}
 
 
-def key_file(cache_dir: Path, key: dict, kind: str = "") -> Path:
-    """Where the record of `kind` ("": the timings, "invariance": the probe) for `key` is kept."""
-    digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
-    return cache_dir / "calibration" / f"{digest}{'.' + kind if kind else ''}.json"
-
-
 def measure(target: CachedModel, drafter: CachedModel | None, key: dict, widths: tuple[int, ...] = WIDTHS,
             context: int = CONTEXT, repeats: int = 5) -> Calibration:
     """Time the target's forward over each of `widths` new tokens and the drafter's step after `context` tokens: the
@@ -193,16 +186,6 @@ def load(path: Path, key: dict) -> tuple[Calibration | None, str | None]:
 
 def save(path: Path, calibration: Calibration) -> None:
     write_record(path, calibration.as_dict())
-
-
-def write_record(path: Path, record: dict) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    text = json.dumps(record, indent=1) + "\n"
-
-    def write(partial: Path) -> None:
-        partial.write_text(text, encoding="utf-8")
-
-    write_atomically(path, write)
 
 
 def calibrate(cache_dir: Path, target: CachedModel, drafter: CachedModel | None, key: dict,

@@ -163,16 +163,17 @@ def main(argv: list[str]) -> int:
     floor_ms = weight_bytes / max(reads) * 1e3
     kernel_ms = {isa: {rows: min(v) * 1e3 for rows, v in per.items()} for isa, per in kernel_s.items()}
     step_ms = {name: {rows: min(v) * 1e3 for rows, v in per.items()} for name, per in step_s.items()}
-    best = {which: min(ms) for which, ms in llama.items() if ms and None not in ms}
+    best = {which: min(m for m in ms if m is not None) for which, ms in llama.items() if ms and None not in ms}
     llama_ms, llama_avx2_ms = best.get(""), best.get("avx2")
+    ahead_bytes = kernels.prefetch()  # this machine's choice, set as the target loaded
     result = {"machine": {"cpu": _cpu_name(), "isas": isas, "threads": threads, "torch": torch.__version__},
-              "prefetch_bytes": kernels.prefetch(),
+              "prefetch_bytes": ahead_bytes,
               "weight_bytes": weight_bytes,
               "packed_bytes": {isa: sum(weights.numel() for weights, *_ in per) for isa, per in linears.items()},
               "read_gb_s": max(reads) / 1e9, "floor_ms": floor_ms,
               "kernel_ms": kernel_ms, "step_ms": step_ms, "llamacpp_ms_per_token": llama_ms,
               "llamacpp_avx2_ms_per_token": llama_avx2_ms}
-    ahead = f"{kernels.prefetch()} bytes ahead" if kernels.prefetch() else "at each layout's own distance"
+    ahead = f"{ahead_bytes} bytes ahead" if ahead_bytes else "at each layout's own distance"
     print(f"{len(linears[isas[0]])} linears, {weight_bytes / 1e9:.3f} GB in the file; streaming read "
           f"{max(reads) / 1e9:.1f} GB/s: floor {floor_ms:.1f} ms; {_cpu_name()}, {threads} threads; the weights' "
           f"lines asked for {ahead} (this machine's choice)")

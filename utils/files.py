@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import hashlib
+import json
 import os
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -28,6 +30,23 @@ def write_atomically(path: Path, write: Callable[[Path], None]) -> None:
     except BaseException:
         temporary.unlink(missing_ok=True)
         raise
+
+
+def key_file(cache_dir: Path, key: dict, kind: str = "") -> Path:
+    """Where a record of `kind` kept for `key` (what it holds for: machine, versions, models) lives in the cache dir."""
+    digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
+    return cache_dir / "calibration" / f"{digest}{'.' + kind if kind else ''}.json"
+
+
+def write_record(path: Path, record: dict) -> None:
+    """`record` as JSON at `path`, whole or not at all (its directory made)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    text = json.dumps(record, indent=1) + "\n"
+
+    def write(partial: Path) -> None:
+        partial.write_text(text, encoding="utf-8")
+
+    write_atomically(path, write)
 
 
 @contextlib.contextmanager

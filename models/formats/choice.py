@@ -5,7 +5,6 @@ weights: the cost does not depend on their values), and the choice is kept per m
 
 from __future__ import annotations
 
-import hashlib
 import json
 import sys
 import time
@@ -18,6 +17,7 @@ import kernels
 from models.devices import cpu_flags, cpu_model
 from models.formats.blocks import quantize_dense
 from models.formats.int4 import to_int4
+from utils.files import key_file, write_record
 
 LAYERS = 6  # decoder layers' worth of weights timed: past the last-level cache, as a step reads them
 ROWS = (1, 4)  # a one-token step and a short verify
@@ -41,8 +41,7 @@ def choose(config, cache_dir: Path) -> str:
                                                                "amx_int8", "amx_bf16"}),
            "torch": torch.__version__, "kernels": kernels.build_id(), "isa": kernels.isa(),
            "threads": torch.get_num_threads(), "shapes": layer}
-    digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
-    path = cache_dir / "calibration" / f"{digest}.formats.json"
+    path = key_file(cache_dir, key, "formats")
     try:
         return str(json.loads(path.read_text(encoding="utf-8"))["choice"])
     except (OSError, ValueError, KeyError):
@@ -50,8 +49,7 @@ def choose(config, cache_dir: Path) -> str:
     print("timing this CPU's low-bit kernels on the model's layer shapes (once) …", file=sys.stderr)
     seconds = time_formats(layer)
     choice = "q8_0" if seconds["q8_0"] <= CLOSE * seconds["int4"] else "int4"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps({"key": key, "seconds": seconds, "choice": choice}, indent=1) + "\n", encoding="utf-8")
+    write_record(path, {"key": key, "seconds": seconds, "choice": choice})
     return choice
 
 

@@ -6,7 +6,6 @@ model's own linears, a one-token step and a verify of four, and the choice is ke
 
 from __future__ import annotations
 
-import hashlib
 import json
 import sys
 import time
@@ -19,7 +18,7 @@ from torch import nn
 import kernels
 from models.devices import cpu_flags, cpu_model
 from models.formats.blocks import BlockLinear
-from utils.files import write_atomically
+from utils.files import key_file, write_record
 
 CANDIDATES = (0, 4096, 8192, 16384)  # bytes ahead; 0: each layout's own (1 KB for lanes, one or two units for tiles)
 ROWS = (1, 4)  # a one-token step and a short verify
@@ -38,8 +37,7 @@ def tune(model: nn.Module, cache_dir: Path, again: bool = False, announce: bool 
     key = {"cpu": cpu_model(), "flags": sorted(cpu_flags() & {"avx2", "avx512f", "avx512_vnni", "amx_int8"}),
            "torch": torch.__version__, "kernels": kernels.build_id(), "isa": kernels.isa(),
            "threads": torch.get_num_threads()}
-    digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
-    path = cache_dir / "calibration" / f"{digest}.prefetch.json"
+    path = key_file(cache_dir, key, "prefetch")
     if not again:
         try:
             return kernels.prefetch(int(json.loads(path.read_text(encoding="utf-8"))["ahead"]))
@@ -53,14 +51,8 @@ def tune(model: nn.Module, cache_dir: Path, again: bool = False, announce: bool 
     seconds = (timer or time_distances)(linears)
     best = min(seconds, key=seconds.__getitem__)
     ahead = best if seconds[best] <= BETTER * seconds[0] else 0
-    text = json.dumps({"key": key, "seconds": seconds, "ahead": ahead}, indent=1) + "\n"
-
-    def write(partial: Path) -> None:
-        partial.write_text(text, encoding="utf-8")
-
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        write_atomically(path, write)
+        write_record(path, {"key": key, "seconds": seconds, "ahead": ahead})
     except OSError:  # a read-only cache dir: the choice still serves this run
         pass
     return kernels.prefetch(ahead)
