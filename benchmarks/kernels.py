@@ -128,10 +128,11 @@ def main(argv: list[str]) -> int:
     weight_bytes = sum(raw.numel() for raw, *_ in layers)
     buffer = torch.ones(weight_bytes // 4)
     isas = kernels.isas()
-    linears, models = {}, {}
-    for isa in isas:  # each instruction set reads its own layout of the weights
+    linears, models, ahead = {}, {}, {}
+    for isa in isas:  # each instruction set reads its own layout of the weights, as far ahead as its load chose
         kernels.use(isa)
         linears[isa], models[f"gguf, {isa}"] = packed_linears(layers), step_model("gguf")
+        ahead[isa] = kernels.prefetch()
     kernels.use()
     if args.float32:
         models[f"float32-prepacked, {isas[0]}"] = step_model("none")
@@ -145,38 +146,44 @@ def main(argv: list[str]) -> int:
     if "avx2" in isas and isas[0] != "avx2" and not args.llamacpp:  # the AVX2 build beside our AVX2 set, where built
         builds["avx2"] = binary(default_cache_dir(), "llamacpp", "avx2")
     llama: dict[str, list[float | None]] = {which: [] for which in builds}
+
+    def use(isa: str) -> None:  # the set and its own distance (the process holds one: the last load's)
+        kernels.use(isa)
+        kernels.prefetch(ahead.get(isa, ahead[isas[0]]))
+
     time_linears(linears[isas[0]], 1)  # first-call allocations
     try:
         for _ in range(args.repeats):
             reads.append(streaming_read(buffer))
             for rows in ROWS:
                 for isa in isas:
-                    kernels.use(isa)
+                    use(isa)
                     kernel_s[isa][rows].append(time_linears(linears[isa], rows))
                 for name, lm in models.items():
-                    kernels.use(name.rpartition(", ")[2])
+                    use(name.rpartition(", ")[2])
                     step_s[name][rows].append(time_step(lm, ids[:CONTEXT], ids[CONTEXT:CONTEXT + rows]))
             for which, executable in builds.items():
                 llama[which].append(llamacpp_ms_per_token(gguf, threads, executable))
     finally:
+        use(isas[0])
         kernels.use()
     floor_ms = weight_bytes / max(reads) * 1e3
     kernel_ms = {isa: {rows: min(v) * 1e3 for rows, v in per.items()} for isa, per in kernel_s.items()}
     step_ms = {name: {rows: min(v) * 1e3 for rows, v in per.items()} for name, per in step_s.items()}
     best = {which: min(m for m in ms if m is not None) for which, ms in llama.items() if ms and None not in ms}
     llama_ms, llama_avx2_ms = best.get(""), best.get("avx2")
-    ahead_bytes = kernels.prefetch()  # this machine's choice, set as the target loaded
     result = {"machine": {"cpu": _cpu_name(), "isas": isas, "threads": threads, "torch": torch.__version__},
-              "prefetch_bytes": ahead_bytes,
+              "prefetch_bytes": ahead,
               "weight_bytes": weight_bytes,
               "packed_bytes": {isa: sum(weights.numel() for weights, *_ in per) for isa, per in linears.items()},
               "read_gb_s": max(reads) / 1e9, "floor_ms": floor_ms,
               "kernel_ms": kernel_ms, "step_ms": step_ms, "llamacpp_ms_per_token": llama_ms,
               "llamacpp_avx2_ms_per_token": llama_avx2_ms}
-    ahead = f"{ahead_bytes} bytes ahead" if ahead_bytes else "at each layout's own distance"
+    distances = ", ".join(f"{isa} {ahead[isa]} bytes ahead" if ahead[isa] else f"{isa} at its layouts' own distance"
+                          for isa in isas)
     print(f"{len(linears[isas[0]])} linears, {weight_bytes / 1e9:.3f} GB in the file; streaming read "
-          f"{max(reads) / 1e9:.1f} GB/s: floor {floor_ms:.1f} ms; {_cpu_name()}, {threads} threads; the weights' "
-          f"lines asked for {ahead} (this machine's choice)")
+          f"{max(reads) / 1e9:.1f} GB/s: floor {floor_ms:.1f} ms; {_cpu_name()}, {threads} threads; each set asks "
+          f"for the weights' lines as this machine chose: {distances}")
     print("| rows | " + " | ".join(str(r) for r in ROWS) + " |\n|---|" + "---|" * len(ROWS))
     for isa, per in kernel_ms.items():
         print(f"| linears, {isa}, ms | " + " | ".join(f"{per[r]:.0f}" for r in ROWS) + " |")
