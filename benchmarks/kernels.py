@@ -149,7 +149,7 @@ def main(argv: list[str]) -> int:
 
     def use(isa: str) -> None:  # the set and its own distance (the process holds one: the last load's)
         kernels.use(isa)
-        kernels.prefetch(ahead.get(isa, ahead[isas[0]]))
+        kernels.prefetch(ahead[isa])
 
     time_linears(linears[isas[0]], 1)  # first-call allocations
     try:
