@@ -165,8 +165,7 @@ def main(argv: list[str]) -> int:
             for which, executable in builds.items():
                 llama[which].append(llamacpp_ms_per_token(gguf, threads, executable))
     finally:
-        use(isas[0])
-        kernels.use()
+        use(isas[0])  # the best set, as loaded
     floor_ms = weight_bytes / max(reads) * 1e3
     kernel_ms = {isa: {rows: min(v) * 1e3 for rows, v in per.items()} for isa, per in kernel_s.items()}
     step_ms = {name: {rows: min(v) * 1e3 for rows, v in per.items()} for name, per in step_s.items()}
