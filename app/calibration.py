@@ -10,9 +10,9 @@ cap, the verify width, the alternatives and the cumulative stop from those timin
 from __future__ import annotations
 
 import datetime
-import json
 import math
 import statistics
+import sys
 import time
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
@@ -24,8 +24,7 @@ from models.devices import cpu_flags, cpu_model
 from models.invariance import Invariance
 from sampling.settings import CALIBRATED, StrategySettings
 from utils.caching import CachedModel
-from utils.errors import one_line
-from utils.files import key_file, write_record  # records kept per key: "" the timings, "invariance" the probe
+from utils.files import checked, key_file, read_record, write_record  # per key: "" timings, "invariance" the probe
 
 WIDTHS = (1, 2, 3, 4, 5, 6, 8, 10, 12, 14, 16, 20)  # new tokens per timed target forward
 CONTEXT = 128  # cached tokens when the forwards are timed: a short chat turn
@@ -104,25 +103,20 @@ class Calibration:
     @classmethod
     def from_dict(cls, data: dict) -> Calibration:
         """The calibration a kept file holds; ValueError (or KeyError, TypeError) if a value is out of its bounds."""
-        target_ms = {int(k): _milliseconds(f"target_ms[{k!r}]", v) for k, v in data["target_ms"].items()}
+        target_ms = {int(k): checked(f"target_ms[{k!r}]", v, float, MS_BOUNDS)
+                     for k, v in checked("target_ms", data["target_ms"], dict).items()}
         if 1 not in target_ms or len(target_ms) < 2 or not all(1 <= width <= MAX_WIDTH for width in target_ms):
             raise ValueError(f"target_ms must time 1 new token and wider forwards up to {MAX_WIDTH}, not "
                              f"{sorted(target_ms)}")
-        drafter_ms = None if data["drafter_ms"] is None else _milliseconds("drafter_ms", data["drafter_ms"])
-        return cls(key=data["key"], target_ms=target_ms, drafter_ms=drafter_ms, context=int(data["context"]),
-                   seconds=float(data["seconds"]), date=str(data["date"]))
+        drafter_ms = None if data["drafter_ms"] is None else checked("drafter_ms", data["drafter_ms"], float, MS_BOUNDS)
+        return cls(key=data["key"], target_ms=target_ms, drafter_ms=drafter_ms,
+                   context=checked("context", data["context"], int, (1, math.inf)),
+                   seconds=checked("seconds", data["seconds"], float, (0, math.inf)),
+                   date=checked("date", data["date"], str))
 
 
 MAX_WIDTH = 64  # the widest forward a kept file may hold a timing for
 MS_BOUNDS = (1e-3, 1e7)  # a forward's milliseconds: from a microsecond to hours
-
-
-def _milliseconds(name: str, value) -> float:
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        raise TypeError(f"{name} must be a number, not {value!r}")
-    if not (math.isfinite(value) and MS_BOUNDS[0] <= value <= MS_BOUNDS[1]):
-        raise ValueError(f"{name} must be from {MS_BOUNDS[0]:g} to {MS_BOUNDS[1]:g} ms, not {value!r}")
-    return float(value)
 
 
 @dataclass(frozen=True)
@@ -170,18 +164,7 @@ def measure(target: CachedModel, drafter: CachedModel | None, key: dict, widths:
 def load(path: Path, key: dict) -> tuple[Calibration | None, str | None]:
     """The calibration kept at `path` if it was measured for `key` (else None), and what was wrong with the file if
     one is there but cannot serve (None: it serves, or there is none)."""
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        return None, None
-    except (OSError, ValueError) as error:
-        return None, f"the kept timings in {path} are unreadable ({type(error).__name__}): timed again"
-    if not isinstance(data, dict) or data.get("schema") != SCHEMA or data.get("key") != key:
-        return None, None  # another version's file: replaced without a word
-    try:
-        return Calibration.from_dict(data), None
-    except (ValueError, KeyError, TypeError, AttributeError) as error:
-        return None, f"the kept timings in {path} are unusable ({one_line(error)}): timed again"
+    return read_record(path, key, Calibration.from_dict, "timings", SCHEMA, again="timed again")
 
 
 def save(path: Path, calibration: Calibration) -> None:
@@ -208,14 +191,10 @@ def probe(cache_dir: Path, target: CachedModel, key: dict, again: bool = False) 
     """The target's row-invariance record for `key` (kept, or probed now and kept), its path applied to `target`;
     True when it was probed now. A kept record whose path this model cannot take is probed again."""
     path = key_file(cache_dir, key, "invariance")
-    kept = None
-    if not again:
-        try:
-            data = json.loads(path.read_text(encoding="utf-8"))
-            if data.get("schema") == PROBE_SCHEMA and data.get("key") == key:
-                kept = Invariance.from_dict(data["invariance"])
-        except (OSError, ValueError, KeyError, TypeError, AttributeError):
-            kept = None
+    kept, damaged = (None, None) if again else read_record(path, key, lambda data: Invariance.from_dict(
+        checked("invariance", data["invariance"], dict)), "invariance record", PROBE_SCHEMA, again="probed again")
+    if damaged:
+        print(f"warning: {damaged}", file=sys.stderr)
     if kept is not None and invariance.apply(target, kept.path):
         return kept, False
     found = invariance.probe(target)

@@ -25,6 +25,7 @@ from transformers.cache_utils import CacheLayerMixin
 
 from models import row_attention
 from utils.caching import CachedModel
+from utils.files import checked
 
 CONTEXT = 64  # cached tokens before the probed forwards
 WIDTH = 20  # the widest verify probed: the calibration's widest timed forward
@@ -83,11 +84,19 @@ class Invariance:
 
     @classmethod
     def from_dict(cls, data: dict) -> Invariance:
-        path = TargetPath(str(data["path"]["attention"]), int(data["path"]["step_rows"]))
-        if path.attention not in ATTENTION or path.step_rows not in STEP_ROWS:
-            raise ValueError(f"unknown target path {path}")
-        return cls(bool(data["exact"]), path, {str(k): str(v) for k, v in data["tried"].items()},
-                   {str(k): str(v) for k, v in data["layers"].items()}, float(data["seconds"]))
+        """What a kept record holds (`as_dict`); TypeError, ValueError or KeyError naming a value of another type or
+        out of its bounds: an "exact" that is not a JSON boolean, or that its path's own verdict contradicts, is
+        refused, never read as a claim of identity."""
+        path = checked("path", data["path"], dict)
+        tried, layers = ({str(k): checked(f"{name}[{k!r}]", v, str) for k, v in checked(name, data[name], dict).items()}
+                         for name in ("tried", "layers"))
+        found = cls(checked("exact", data["exact"], bool),
+                    TargetPath(checked("path.attention", path["attention"], str, among=ATTENTION),
+                               checked("path.step_rows", path["step_rows"], int, among=STEP_ROWS)),
+                    tried, layers, checked("seconds", data["seconds"], float, (0, float("inf"))))
+        if found.exact != (tried.get(str(found.path)) == EXACT):
+            raise ValueError(f"exact is {found.exact} where its path's verdict is {tried.get(str(found.path))!r}")
+        return found
 
 
 EXACT, LONE_ROW, ROWS = "exact", "a lone row differs", "rows differ with their count"

@@ -1,4 +1,5 @@
-"""Files that outlive an interruption and a second process: written whole or not at all; directories locked in use.
+"""Files that outlive an interruption and a second process: written whole or not at all, records read back checked;
+directories locked in use.
 
 POSIX only (fcntl), as the rest of the project's file handling assumes.
 """
@@ -9,9 +10,15 @@ import contextlib
 import fcntl
 import hashlib
 import json
+import math
 import os
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Collection, Iterator
 from pathlib import Path
+from typing import Any, TypeVar, cast
+
+from utils.errors import one_line
+
+T = TypeVar("T")
 
 
 class Busy(Exception):
@@ -47,6 +54,48 @@ def write_record(path: Path, record: dict) -> None:
         partial.write_text(text, encoding="utf-8")
 
     write_atomically(path, write)
+
+
+KINDS = {bool: "true or false", int: "an integer", float: "a number", str: "a string", dict: "a JSON object",
+         list: "a JSON array"}  # as a kept record's reader names what it expected
+
+
+def read_record(path: Path, key: dict, parse: Callable[[dict], T], what: str, schema: int | None = None,
+                again: str = "measured again") -> tuple[T | None, str | None]:
+    """What `parse` makes of the record kept at `path` for `key`, and what was wrong with one that cannot serve.
+
+    (None, None): none is kept, or the record holds for another key or `schema` (replaced without a word). (None, one
+    line naming the file, what was wrong and that it is measured `again`): the file is damaged, or `parse` refused a
+    value (ValueError, TypeError, KeyError: `checked` says which and why)."""
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        return None, None
+    except (OSError, ValueError) as error:
+        return None, f"unreadable kept {what} in {path} ({type(error).__name__}): {again}"
+    kept_key = json.loads(json.dumps(key))  # the key as JSON gives it back: a tuple as a list
+    if not isinstance(data, dict) or data.get("key") != kept_key or schema not in (None, data.get("schema")):
+        return None, None
+    try:
+        return parse(data), None
+    except (ValueError, TypeError, KeyError) as error:
+        reason = f"no {error.args[0]!r}" if isinstance(error, KeyError) else one_line(error)
+        return None, f"unusable kept {what} in {path} ({reason}): {again}"
+
+
+def checked(name: str, value: Any, kind: type[T], bounds: tuple[float, float] | None = None,
+            among: Collection | None = None) -> T:
+    """`value` if it is a `kind` (a bool is no number, an int is a float) within `bounds` (inclusive, finite) and
+    among `among`; else TypeError or ValueError naming it: a kept record's values are read through this."""
+    accepted = (int, float) if kind is float else kind
+    read: Any = value  # its type is `kind`, known at run time only
+    if isinstance(value, bool) != (kind is bool) or not isinstance(value, accepted):
+        raise TypeError(f"{name} must be {KINDS.get(kind, kind.__name__)}, not {value!r}")
+    if bounds is not None and not (math.isfinite(read) and bounds[0] <= read <= bounds[1]):
+        raise ValueError(f"{name} must be from {bounds[0]:g} to {bounds[1]:g}, not {value!r}")
+    if among is not None and value not in among:
+        raise ValueError(f"{name} must be one of {', '.join(map(str, among))}, not {value!r}")
+    return cast(T, float(read) if kind is float else read)
 
 
 @contextlib.contextmanager

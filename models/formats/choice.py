@@ -5,7 +5,6 @@ weights: the cost does not depend on their values), and the choice is kept per m
 
 from __future__ import annotations
 
-import json
 import sys
 import time
 from pathlib import Path
@@ -17,10 +16,11 @@ import kernels
 from models.devices import cpu_flags, cpu_model
 from models.formats.blocks import quantize_dense
 from models.formats.int4 import to_int4
-from utils.files import key_file, write_record
+from utils.files import checked, key_file, read_record, write_record
 
 LAYERS = 6  # decoder layers' worth of weights timed: past the last-level cache, as a step reads them
 ROWS = (1, 4)  # a one-token step and a short verify
+FORMATS = ("q8_0", "int4")  # what a choice can be
 CLOSE = 1.25  # int4 must save a fifth of Q8_0's time to be worth its larger rounding error
 
 
@@ -42,10 +42,12 @@ def choose(config, cache_dir: Path) -> str:
            "torch": torch.__version__, "kernels": kernels.build_id(), "isa": kernels.isa(),
            "threads": torch.get_num_threads(), "shapes": layer}
     path = key_file(cache_dir, key, "formats")
-    try:
-        return str(json.loads(path.read_text(encoding="utf-8"))["choice"])
-    except (OSError, ValueError, KeyError):
-        pass
+    kept, damaged = read_record(path, key, lambda data: checked("choice", data["choice"], str, among=FORMATS),
+                                "format choice", again="timed again")
+    if kept is not None:
+        return kept
+    if damaged:
+        print(f"warning: {damaged}", file=sys.stderr)
     print("timing this CPU's low-bit kernels on the model's layer shapes (once) …", file=sys.stderr)
     seconds = time_formats(layer)
     choice = "q8_0" if seconds["q8_0"] <= CLOSE * seconds["int4"] else "int4"

@@ -6,7 +6,6 @@ model's own linears, a one-token step and a verify of four, and the choice is ke
 
 from __future__ import annotations
 
-import json
 import sys
 import time
 from collections.abc import Callable
@@ -18,9 +17,10 @@ from torch import nn
 import kernels
 from models.devices import cpu_flags, cpu_model
 from models.formats.blocks import BlockLinear
-from utils.files import key_file, write_record
+from utils.files import checked, key_file, read_record, write_record
 
 CANDIDATES = (0, 4096, 8192, 16384)  # bytes ahead; 0: each layout's own (1 KB for lanes, one or two units for tiles)
+MOST_AHEAD = 1 << 20  # the farthest distance the kernels take (bytes)
 ROWS = (1, 4)  # a one-token step and a short verify
 REPEATS = 3
 BETTER = 0.97  # another distance is taken where it saves 3% of the layouts' own time: less is the timing's noise
@@ -39,10 +39,12 @@ def tune(model: nn.Module, cache_dir: Path, again: bool = False, announce: bool 
            "threads": torch.get_num_threads()}
     path = key_file(cache_dir, key, "prefetch")
     if not again:
-        try:
-            return kernels.prefetch(int(json.loads(path.read_text(encoding="utf-8"))["ahead"]))
-        except (OSError, ValueError, KeyError, TypeError, RuntimeError):  # RuntimeError: a distance the op refuses
-            pass
+        kept, damaged = read_record(path, key, lambda data: checked("ahead", data["ahead"], int, (0, MOST_AHEAD)),
+                                    "prefetch distance", again="timed again")
+        if kept is not None:
+            return kernels.prefetch(kept)
+        if damaged:
+            print(f"warning: {damaged}", file=sys.stderr)
     linears = [module for module in model.modules() if isinstance(module, BlockLinear)]
     if sum(linear.blocks.numel() for linear in linears) < least_bytes:
         return None
