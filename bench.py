@@ -91,6 +91,7 @@ def build_parser() -> argparse.ArgumentParser:
     out.add_argument("--resume", action="store_true", help="continue the interrupted run in --out: prompts already "
                      "in its progress.jsonl are kept, the rest are measured (the settings must be the same)")
     out.add_argument("--markdown", type=Path, help="also write the markdown summary to this path")
+    out.add_argument("--force", action="store_true", help="replace an existing --markdown file")
     out.add_argument("--no-progress", action="store_true", help="no progress bars")
     out.add_argument("--results-page", action="store_true",
                      help=f"only regenerate {RESULTS_PAGE} from the runs committed under {RESULTS_DIR}/ and exit")
@@ -184,6 +185,22 @@ def check_output_dir(out: Path, resume: bool) -> None:
                          "another --out")
 
 
+def check_markdown_file(path: Path | None, force: bool) -> None:
+    """ValueError where --markdown cannot take the summary: a directory, under a file, or a file that is there already
+    and --force does not say to replace (found before the run, never after it)."""
+    if path is None:
+        return
+    existing = next(p for p in path.parents if p.exists() or p == p.parent)
+    if not existing.is_dir():
+        raise ValueError(f"--markdown {path} lies under the file {existing}: give a path in a directory")
+    if (problem := output_dir_problem(existing, "--markdown")):  # one it cannot write to
+        raise ValueError(problem)
+    if path.is_dir():
+        raise ValueError(f"--markdown {path} is a directory: give a file name")
+    if path.exists() and not force:
+        raise ValueError(f"--markdown {path} exists: pass --force to replace it, or give another file name")
+
+
 @dataclass(frozen=True)
 class Models:
     """What the benchmark loaded: the pair with its heads, hf_universal's drafter, and our cached models."""
@@ -228,6 +245,7 @@ def main(argv: list[str] | None = None) -> int:
     try:  # what can be wrong with the files, found before the models load
         prompts = select_prompts(args)
         check_output_dir(out, args.resume)
+        check_markdown_file(args.markdown, args.force)
     except (OSError, ValueError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2

@@ -52,6 +52,7 @@ def _bad_files(tmp_path: Path) -> dict[str, tuple[list[str], str]]:
     (tmp_path / "finished" / "results.json").write_text("{}")
     (tmp_path / "interrupted").mkdir()
     (tmp_path / "interrupted" / "progress.jsonl").write_text("{}\n")
+    (tmp_path / "notes.md").write_text("my notes")
     cases = {
         "out-is-a-file": (["--out", str(tmp_path / "file")], "is a file, not a directory"),
         "out-under-a-file": (["--out", str(tmp_path / "file" / "run")], f"lies under the file {tmp_path / 'file'}"),
@@ -61,12 +62,17 @@ def _bad_files(tmp_path: Path) -> dict[str, tuple[list[str], str]]:
         "unknown-category": (["--categories", "nope"], "no prompts of categories nope in"),
         "finished-run": (["--out", str(tmp_path / "finished")], "holds a finished run (results.json): pass --resume"),
         "interrupted-run": (["--out", str(tmp_path / "interrupted")], "holds an interrupted run (progress.jsonl)"),
+        "markdown-exists": (["--markdown", str(tmp_path / "notes.md")],  # was replaced at the run's end
+                            f"--markdown {tmp_path / 'notes.md'} exists: pass --force to replace it"),
+        "markdown-is-a-directory": (["--markdown", str(tmp_path / "finished"), "--force"], "is a directory"),
+        "markdown-under-a-file": (["--markdown", str(tmp_path / "file" / "notes.md")], "lies under the file"),
     }
     return {name: (argv + ["--target", str(tmp_path / "no-model")], message) for name, (argv, message) in cases.items()}
 
 
 CASES = ["out-is-a-file", "out-under-a-file", "prompts-missing", "prompts-binary", "prompts-array-line",
-         "unknown-category", "finished-run", "interrupted-run"]
+         "unknown-category", "finished-run", "interrupted-run", "markdown-exists", "markdown-is-a-directory",
+         "markdown-under-a-file"]
 
 
 @pytest.mark.parametrize("case", CASES)
@@ -79,9 +85,19 @@ def test_bad_files_and_runs_are_refused_before_loading_in_one_line(capsys, tmp_p
     assert err.startswith("error: ") and message in err and len(err.strip().splitlines()) == 1, err
 
 
-@pytest.mark.parametrize("case", ["prompts-binary", "finished-run"])
+@pytest.mark.parametrize("case", ["prompts-binary", "finished-run", "markdown-exists"])
 def test_bad_files_are_refused_without_importing_torch(tmp_path, case):
     assert heavy_modules_imported("bench", _bad_files(tmp_path)[case][0]) == []
+
+
+def test_an_existing_markdown_file_is_replaced_only_with_force(tmp_path):
+    notes = tmp_path / "notes.md"
+    bench.check_markdown_file(notes, force=False)  # a new name: taken
+    notes.write_text("my notes")
+    with pytest.raises(ValueError, match="--force"):
+        bench.check_markdown_file(notes, force=False)
+    bench.check_markdown_file(notes, force=True)
+    assert notes.read_text() == "my notes"  # checked, not touched: the summary is written at the run's end
 
 
 def test_a_finished_run_is_continued_with_resume(tmp_path):
