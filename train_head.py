@@ -38,7 +38,7 @@ from pathlib import Path
 
 from models.presets import EMBEDDED, QUANTIZE_CHOICES
 from training.budget import Budget
-from training.data import ANSWERS, make_data, read_answers, save_answers
+from training.data import ANSWERS, make_data, read_answers, save_answers, unanswered_rows
 from training.held_out import held_out_tokens_per_step
 from training.learning import draft_vocabulary, train
 from utils.files import Busy, exclusive
@@ -60,6 +60,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    help="write the eagle head in --out to DIR in the EAGLE authors' layout, and train nothing")
     p.add_argument("--export-for", choices=("vllm", "sglang"), default="vllm",
                    help="--export-eagle: the engine whose config names it gets (vllm: the authors' own; default vllm)")
+    p.add_argument("--force", action="store_true",
+                   help="--export-eagle: replace the head files DIR already holds (config.json, model.safetensors, "
+                        "token_map.pt)")
     p.add_argument("--prompts", nargs="+", default=[],
                    help="JSONL prompt files, one object per line with `turns` (a list of strings: the first is asked)")
     p.add_argument("--dtype", default="float32", help="the target's dtype while making the data (default float32)")
@@ -110,6 +113,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         if (problem := output_dir_problem(args.export_eagle, "--export-eagle")):
             p.error(problem)
         return args
+    if args.force:
+        p.error("--force replaces the files of an --export-eagle DIR; a non-empty --out is started over with "
+                "--overwrite")
     if args.kind is None:
         p.error("--kind is required (eagle or medusa)")
     if not args.prompts:
@@ -164,8 +170,13 @@ def export_eagle(args) -> int:
 
     from models.loading import model_files
     from models.presets import ModelLoadError
-    from sampling.head_layouts import write_eagle
+    from sampling.head_layouts import EAGLE_WEIGHTS, TOKEN_MAP, write_eagle
 
+    held = [name for name in ("config.json", EAGLE_WEIGHTS, TOKEN_MAP) if (args.export_eagle / name).exists()]
+    if held and not args.force:
+        print(f"error: --export-eagle: {args.export_eagle} already holds {', '.join(held)}: pass --force to replace "
+              "them, or give another directory", file=sys.stderr)
+        return USAGE_EXIT
     try:
         files = model_files(args.target, progress=not args.no_progress)
         notes = write_eagle(args.out, args.export_eagle, AutoConfig.from_pretrained(files.folder), args.export_for)
@@ -199,6 +210,17 @@ def check_out(out: Path, data: Path | None, again: bool) -> None:
         shown = ", ".join(held[:3]) + (", ..." if len(held) > 3 else "")
         raise ValueError(f"{out} is not empty ({shown}): pass --resume to continue from it, --overwrite to start it "
                          "over, or choose another --out")
+
+
+def kept_answers(path: Path) -> list[dict]:
+    """The answers a run before kept in OUT (none if absent); a damaged file is named, and made again."""
+    if not path.exists():
+        return []
+    try:
+        return read_answers([path])
+    except ValueError as error:
+        print(f"warning: {error}: made again from the answers in hand", file=sys.stderr)
+        return []
 
 
 def remove_own_files(out: Path, data: Path) -> None:
@@ -239,6 +261,8 @@ def run(args, prompts: list[str], budget: Budget, argv: list[str] | None, reused
             print(f"error: --init: {args.init} holds a head of kind {start.config.kind}, and --kind asks for "
                   f"{args.kind}", file=sys.stderr)
             return FAILED_EXIT
+    kept = kept_answers(out / ANSWERS) if args.resume else []
+    reused = [*reused, *unanswered_rows(kept, reused)]  # what OUT/data lost is made again from its token ids
     if reused and (largest := max(int(row["ids"].max()) for row in reused)) >= vocab_size:
         print(f"error: --answers hold token id {largest}, past the target's {vocab_size}: answers of another "
               "tokenizer's model", file=sys.stderr)
@@ -247,11 +271,11 @@ def run(args, prompts: list[str], budget: Budget, argv: list[str] | None, reused
         remove_own_files(out, data_dir)
     data = make_data(model, loaded.tokenizer, prompts, data_dir, args.max_new_tokens, args.batch, budget,
                      args.data_share, not args.no_progress, reused)
-    save_answers(data, out / ANSWERS)
     if len(data) < 2:
         print(f"error: the budget left {len(data)} answers to train on, 2 at least are needed: give a larger "
               "--time-budget (or --data-share)", file=sys.stderr)
         return FAILED_EXIT
+    save_answers([*data, *unanswered_rows(kept, data)], out / ANSWERS)  # never fewer answers than it kept
     data_seconds = budget.used()
     held = max(1, round(len(data) * args.held_out)) if args.held_out else 0
     held_rows, train_rows = data[:held], data[held:]

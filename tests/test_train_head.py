@@ -267,9 +267,16 @@ def test_a_runs_answers_are_kept_as_token_ids_and_a_later_run_trains_on_them_wit
 @pytest.mark.parametrize("content, message", [
     (None, "no answers file at"),
     (b"not gzip", "not a gzipped answers file"),
-    ('{"prompt": "q", "start": 1, "ids": [1, 2]}\nnot json\n', ":2: not JSON"),
-    ('{"prompt": "q", "start": 2, "ids": [1, 2]}\n', ":1: not an answer"),
-    ('{"prompt": "q", "start": 1, "ids": [1, -2]}\n', ":1: not an answer"),
+    (b"", "answers.jsonl.gz: no answers in it (an empty file)"),  # was taken silently as none
+    ("\n\n", "answers.jsonl.gz: no answers in it (blank lines only)"),
+    ('{"prompt": "q", "start": 1, "ids": [1, 2]}\nnot json\n', "answers.jsonl.gz:2: not JSON"),
+    ('{"prompt": "q", "start": 2, "ids": [1, 2]}\n', 'answers.jsonl.gz:1: not an answer: "start" must be'),
+    ('{"prompt": "q", "start": 1, "ids": [1, -2]}\n', 'answers.jsonl.gz:1: not an answer: "ids" holds -2'),
+    ('\n{"prompt": "q", "start": 1, "ids": [1, 9223372036854775808]}\n',  # was "Overflow when unpacking long long"
+     'answers.jsonl.gz:2: not an answer: "ids" holds 9223372036854775808: a token id is an integer from 0 to 2^63'),
+    ('{"prompt": "q", "start": 1, "ids": [1, 2.0]}\n', 'answers.jsonl.gz:1: not an answer: "ids" holds 2.0'),
+    ('[1, 2]\n', "answers.jsonl.gz:1: not an answer: a JSON object"),
+    ('{"prompt": 3, "start": 1, "ids": [1, 2]}\n', 'answers.jsonl.gz:1: not an answer: "prompt" must be text'),
 ])
 def test_a_bad_answers_file_is_refused_in_one_line_before_loading(tmp_path, capsys, content, message):
     import gzip
@@ -283,7 +290,93 @@ def test_a_bad_answers_file_is_refused_in_one_line_before_loading(tmp_path, caps
     assert train_head.main(argv(tmp_path / "no-model", tmp_path / "head", prompt_file(tmp_path / "p.jsonl", 2),
                                 "--answers", str(answers))) == 2
     err = capsys.readouterr().err
-    assert err.startswith("error: ") and message in err and len(err.splitlines()) == 1
+    assert err.startswith("error: ") and message in err and str(answers) in err and len(err.splitlines()) == 1, err
+
+
+def test_blank_lines_in_an_answers_file_are_skipped(tmp_path):
+    """Bug: a blank line (an editor's last newline, two files joined) was refused as "not JSON"."""
+    import gzip
+
+    answers = tmp_path / "answers.jsonl.gz"
+    with gzip.open(answers, "wt") as file:
+        file.write('\n{"prompt": "q", "start": 1, "ids": [1, 2]}\n\n  \n{"start": 2, "ids": [3, 4, 5]}\n\n')
+    rows = training_data.read_answers([answers])
+    assert [(row["ids"].tolist(), row["start"], row.get("prompt")) for row in rows] == [([1, 2], 1, "q"),
+                                                                                      ([3, 4, 5], 2, None)]
+
+
+def kept_answers(out) -> list[dict]:
+    import gzip
+
+    with gzip.open(out / "answers.jsonl.gz", "rt") as file:
+        return sorted((json.loads(line) for line in file), key=lambda row: row["prompt"])
+
+
+def test_a_resume_whose_data_was_removed_keeps_the_answers_file_and_makes_their_features_again(target, tmp_path,
+                                                                                               monkeypatch, capsys):
+    """Bug: `--resume` after `rm -r OUT/data` said "the budget left 0 answers" and rewrote OUT/answers.jsonl.gz from
+    the empty OUT/data before that check: 12 answers became 0."""
+    import shutil
+
+    out, prompts = tmp_path / "head", prompt_file(tmp_path / "p.jsonl", 6)
+    assert train_head.main(argv(target, out, prompts, "--kind", "eagle", "--intermediate", "64")) == 0
+    kept = kept_answers(out)
+    written = (out / "answers.jsonl.gz").read_bytes()
+    assert len(kept) == 6
+    shutil.rmtree(out / "data")
+    capsys.readouterr()
+    assert train_head.main(argv(target, out, prompts, "--kind", "eagle", "--intermediate", "64", "--resume",
+                                "--time-budget", "0.00001")) == train_head.FAILED_EXIT  # no time to make any again
+    assert "the budget left 0 answers" in capsys.readouterr().err
+    assert (out / "answers.jsonl.gz").read_bytes() == written  # not touched
+
+    asked = []
+    real = training_data._answer
+    monkeypatch.setattr(training_data, "_answer", lambda model, rows, *rest: asked.extend(rows) or real(model, rows,
+                                                                                                         *rest))
+    shutil.rmtree(out / "data", ignore_errors=True)
+    assert train_head.main(argv(target, out, prompts, "--kind", "eagle", "--intermediate", "64", "--resume")) == 0
+    assert asked == []  # the kept answers' features made again, no prompt asked again
+    assert training(out)["answers"] == 6 and kept_answers(out) == kept
+    assert recorded_prompts(out) == sorted(row["prompt"] for row in kept)
+
+
+def test_the_answers_file_never_loses_what_it_kept(target, tmp_path, monkeypatch):
+    """A resume that trains on fewer answers than OUT kept (the budget spent before their features were all made
+    again) writes every kept answer back, those it did not reach included."""
+    import shutil
+
+    out, prompts = tmp_path / "head", prompt_file(tmp_path / "p.jsonl", 6)
+    assert train_head.main(argv(target, out, prompts, "--kind", "eagle", "--intermediate", "64")) == 0
+    kept = kept_answers(out)
+    shutil.rmtree(out / "data")
+    real = train_head.make_data
+    monkeypatch.setattr(train_head, "make_data", lambda *args: real(*args)[:4])  # the budget spent after 4
+    assert train_head.main(argv(target, out, prompts, "--kind", "eagle", "--intermediate", "64", "--resume")) == 0
+    assert training(out)["answers"] == 4 and kept_answers(out) == kept
+
+
+@pytest.mark.parametrize("held", ["config.json", "model.safetensors", "token_map.pt"])
+def test_export_eagle_refuses_to_replace_a_heads_files_without_force(target, tmp_path, capsys, held):
+    """Bug: --export-eagle DIR replaced another head's config.json and model.safetensors in DIR without a word."""
+    from sampling.heads import build, eagle_config, save_head
+    from tests.helpers import tiny_model
+
+    config = eagle_config(tiny_model().config, 48)
+    ours = tmp_path / "ours"
+    save_head(ours, config, build(config), None, {})
+    layout = tmp_path / "layout"
+    layout.mkdir()
+    (layout / held).write_text("another head's")
+    export = ["--target", str(target), "--out", str(ours), "--export-eagle", str(layout), "--no-progress"]
+    assert train_head.main(export) == train_head.USAGE_EXIT
+    assert capsys.readouterr().err == (f"error: --export-eagle: {layout} already holds {held}: pass --force to "
+                                       "replace them, or give another directory\n")
+    assert [p.name for p in layout.iterdir()] == [held] and (layout / held).read_text() == "another head's"
+    assert train_head.main([*export, "--force"]) == 0
+    assert json.loads((layout / "config.json").read_text())["architectures"] == ["LlamaForCausalLM"]
+    with pytest.raises(SystemExit):
+        train_head.parse_args(argv(target, tmp_path / "head", tmp_path / "p.jsonl", "--force"))
 
 
 def test_answers_of_another_tokenizer_are_refused_once_the_target_is_loaded(target, tmp_path, capsys):

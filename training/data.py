@@ -81,8 +81,8 @@ def save_answers(data: list[dict], path: Path) -> None:
 
 
 def read_answers(paths: list[Path]) -> list[dict]:
-    """Answers saved by save_answers, {"ids": (T,) long, "start", "prompt"}; ValueError (one line, the file and line)
-    for a file that is not one."""
+    """Answers saved by save_answers, {"ids": (T,) long, "start", "prompt"}; ValueError (one line: the file and line,
+    and what is wrong there) for a file that is not one, or holds none. Blank lines are skipped."""
     import torch
 
     rows = []
@@ -94,23 +94,42 @@ def read_answers(paths: list[Path]) -> list[dict]:
             raise ValueError(f"no answers file at {path}") from None
         except (OSError, EOFError, UnicodeDecodeError) as error:
             raise ValueError(f"{path}: not a gzipped answers file ({one_line(error)})") from None
+        if not any(line.strip() for line in lines):
+            raise ValueError(f"{path}: no answers in it ({'an empty file' if not lines else 'blank lines only'}): "
+                             "give the answers.jsonl.gz a run wrote beside its head")
         for number, line in enumerate(lines, 1):
+            if not line.strip():
+                continue
             try:
                 row = json.loads(line)
             except json.JSONDecodeError as error:
                 raise ValueError(f"{path}:{number}: not JSON ({error.msg})") from None
-            if not _answer_row(row):
-                raise ValueError(f"{path}:{number}: not an answer: {{\"prompt\": text, \"start\": n, \"ids\": "
-                                 "[token ids]}, its prompt's ids before n and its answer's after")
+            if (problem := _answer_problem(row)) is not None:
+                raise ValueError(f"{path}:{number}: not an answer: {problem}")
             rows.append({"ids": torch.tensor(row["ids"]), "start": row["start"],
                          **({"prompt": row["prompt"]} if "prompt" in row else {})})
     return rows
 
 
-def _answer_row(row) -> bool:
-    ids = row.get("ids") if isinstance(row, dict) else None
-    return (isinstance(ids, list) and all(type(i) is int and i >= 0 for i in ids) and type(row.get("start")) is int
-            and 1 <= row["start"] < len(ids) and isinstance(row.get("prompt", ""), str))
+LARGEST_ID = 2**63 - 1  # a token id must fit a long (torch.int64)
+
+
+def _answer_problem(row) -> str | None:
+    """What keeps a saved line from being an answer, {"prompt": text, "start": n, "ids": [token ids]} with its
+    prompt's ids before n and its answer's from n; None for an answer."""
+    if not isinstance(row, dict):
+        return f'a JSON object {{"prompt": text, "start": n, "ids": [token ids]}}, not {type(row).__name__}'
+    ids = row.get("ids")
+    if not isinstance(ids, list) or not ids:
+        return '"ids" must be a non-empty list of token ids'
+    if (bad := next((i for i in ids if type(i) is not int or not 0 <= i <= LARGEST_ID), None)) is not None:
+        return f'"ids" holds {bad!r}: a token id is an integer from 0 to 2^63 - 1'
+    start = row.get("start")
+    if type(start) is not int or not 1 <= start < len(ids):
+        return f'"start" must be an integer from 1 to {len(ids) - 1} (where the answer starts in "ids"), not {start!r}'
+    if not isinstance(row.get("prompt", ""), str):
+        return '"prompt" must be text'
+    return None
 
 
 def read_batches(out: Path) -> tuple[list[dict], int]:
@@ -162,16 +181,21 @@ def unanswered(prompts: list[str], data: list[dict]) -> list[str]:
     return todo
 
 
-def unanswered_rows(rows: Sequence[dict], data: list[dict]) -> list[dict]:
-    """The answers in `rows` whose prompt no answer in `data` records yet (each answer there stands for one)."""
-    answered = Counter(row["prompt"] for row in data if "prompt" in row)
+def unanswered_rows(rows: Sequence[dict], data: Sequence[dict]) -> list[dict]:
+    """The answers in `rows` that no answer in `data` stands for yet: one with the same prompt (each answer there
+    stands for one), or for an answer kept without its prompt, the same token ids."""
+    answered = Counter(_answered(row) for row in data)
     todo = []
     for row in rows:
-        if answered[row.get("prompt")] > 0:
-            answered[row["prompt"]] -= 1
+        if answered[_answered(row)] > 0:
+            answered[_answered(row)] -= 1
         else:
             todo.append(row)
     return todo
+
+
+def _answered(row: dict) -> str | tuple[int, ...]:
+    return row["prompt"] if "prompt" in row else tuple(row["ids"].tolist())
 
 
 def _chat_ids(tokenizer, prompt: str) -> list[int]:
