@@ -16,14 +16,17 @@
 
 `--export-eagle DIR` trains nothing: it writes the eagle head in --out in the EAGLE authors' layout (config.json and
 model.safetensors, the names vLLM's "eagle" method and SGLang's EAGLE load; `--export-for sglang` names SGLang's EAGLE
-classes in the config) for the --target it was trained on:
+classes in the config) for the --target it was trained on; head files DIR holds already are replaced only with
+`--force`:
 
     python train_head.py --target qwen2.5-coder-1.5b --out heads/qwen2.5-coder-1.5b-eagle --export-eagle eagle-layout
 
 `--time-budget` bounds the whole run (minutes): the answers get `--data-share` of it, training and the held-out
 evaluation the rest. A non-empty OUT is refused unless `--resume` continues from what it holds (the prompts its answers
-record, then its last training checkpoint) or `--overwrite` starts it over; one run at a time holds OUT. Every file is
-written whole or not at all, a damaged one is named and made again; Ctrl-C writes a checkpoint and exits 130.
+record, their features made again from OUT/answers.jsonl.gz where OUT/data lost them, then its last training
+checkpoint) or `--overwrite` starts it over; one run at a time holds OUT. Every file is written whole or not at all
+(answers.jsonl.gz never with fewer answers than it held), a damaged one is named and made again; Ctrl-C writes a
+checkpoint and exits 130.
 """
 
 from __future__ import annotations
@@ -104,7 +107,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         "trained on, their features made again by one forward of the target each, their prompts "
                         "not asked again")
     again = p.add_mutually_exclusive_group()
-    again.add_argument("--resume", action="store_true", help="continue from OUT's data and checkpoint")
+    again.add_argument("--resume", action="store_true",
+                       help="continue from OUT's answers (OUT/data, else answers.jsonl.gz) and checkpoint")
     again.add_argument("--overwrite", action="store_true",
                        help="start a non-empty OUT over: its head, checkpoint and answers (OUT/data) are removed")
     p.add_argument("--no-progress", action="store_true")
@@ -213,13 +217,16 @@ def check_out(out: Path, data: Path | None, again: bool) -> None:
 
 
 def kept_answers(path: Path) -> list[dict]:
-    """The answers a run before kept in OUT (none if absent); a damaged file is named, and made again."""
+    """The answers a run before kept in OUT (none if absent); a damaged file is named and moved aside (its readable
+    lines are not lost), and a new one is written from the answers in hand."""
     if not path.exists():
         return []
     try:
         return read_answers([path])
     except ValueError as error:
-        print(f"warning: {error}: made again from the answers in hand", file=sys.stderr)
+        aside = path.with_name(path.name + ".damaged")
+        os.replace(path, aside)
+        print(f"warning: {error}: moved to {aside.name}, and written again from the answers in hand", file=sys.stderr)
         return []
 
 

@@ -356,6 +356,21 @@ def test_the_answers_file_never_loses_what_it_kept(target, tmp_path, monkeypatch
     assert training(out)["answers"] == 4 and kept_answers(out) == kept
 
 
+def test_a_damaged_answers_file_is_moved_aside_on_a_resume_and_written_again(target, tmp_path, capsys):
+    import gzip
+
+    out, prompts = tmp_path / "head", prompt_file(tmp_path / "p.jsonl", 4)
+    assert train_head.main(argv(target, out, prompts)) == 0
+    kept = kept_answers(out)
+    with gzip.open(out / "answers.jsonl.gz", "wt") as file:
+        file.write(json.dumps(kept[0]) + "\nnot json\n")
+    damaged = (out / "answers.jsonl.gz").read_bytes()
+    capsys.readouterr()
+    assert train_head.main(argv(target, out, prompts, "--resume")) == 0
+    assert f"warning: {out / 'answers.jsonl.gz'}:2: not JSON (" in capsys.readouterr().err
+    assert (out / "answers.jsonl.gz.damaged").read_bytes() == damaged and kept_answers(out) == kept
+
+
 @pytest.mark.parametrize("held", ["config.json", "model.safetensors", "token_map.pt"])
 def test_export_eagle_refuses_to_replace_a_heads_files_without_force(target, tmp_path, capsys, held):
     """Bug: --export-eagle DIR replaced another head's config.json and model.safetensors in DIR without a word."""
