@@ -179,7 +179,7 @@ def export_eagle(args) -> int:
     held = [name for name in ("config.json", EAGLE_WEIGHTS, TOKEN_MAP) if (args.export_eagle / name).exists()]
     if held and not args.force:
         print(f"error: --export-eagle: {args.export_eagle} already holds {', '.join(held)}: pass --force to replace "
-              "them, or give another directory", file=sys.stderr)
+              f"{'it' if len(held) == 1 else 'them'}, or give another directory", file=sys.stderr)
         return USAGE_EXIT
     try:
         files = model_files(args.target, progress=not args.no_progress)

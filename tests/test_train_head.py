@@ -386,7 +386,7 @@ def test_export_eagle_refuses_to_replace_a_heads_files_without_force(target, tmp
     export = ["--target", str(target), "--out", str(ours), "--export-eagle", str(layout), "--no-progress"]
     assert train_head.main(export) == train_head.USAGE_EXIT
     assert capsys.readouterr().err == (f"error: --export-eagle: {layout} already holds {held}: pass --force to "
-                                       "replace them, or give another directory\n")
+                                       "replace it, or give another directory\n")
     assert [p.name for p in layout.iterdir()] == [held] and (layout / held).read_text() == "another head's"
     assert train_head.main([*export, "--force"]) == 0
     assert json.loads((layout / "config.json").read_text())["architectures"] == ["LlamaForCausalLM"]
