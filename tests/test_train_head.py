@@ -275,6 +275,8 @@ def test_a_runs_answers_are_kept_as_token_ids_and_a_later_run_trains_on_them_wit
     ('\n{"prompt": "q", "start": 1, "ids": [1, 9223372036854775808]}\n',  # was "Overflow when unpacking long long"
      'answers.jsonl.gz:2: not an answer: "ids" holds 9223372036854775808: a token id is an integer from 0 to 2^63'),
     ('{"prompt": "q", "start": 1, "ids": [1, 2.0]}\n', 'answers.jsonl.gz:1: not an answer: "ids" holds 2.0'),
+    ('{"prompt": "q", "start": 1, "ids": [1, null]}\n', 'answers.jsonl.gz:1: not an answer: "ids" holds null'),
+    ('{"prompt": "q", "start": 1, "ids": [1]}\n', 'answers.jsonl.gz:1: not an answer: "ids" must be a list'),
     ('[1, 2]\n', "answers.jsonl.gz:1: not an answer: a JSON object"),
     ('{"prompt": 3, "start": 1, "ids": [1, 2]}\n', 'answers.jsonl.gz:1: not an answer: "prompt" must be text'),
 ])

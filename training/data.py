@@ -120,10 +120,11 @@ def _answer_problem(row) -> str | None:
     if not isinstance(row, dict):
         return f'a JSON object {{"prompt": text, "start": n, "ids": [token ids]}}, not {type(row).__name__}'
     ids = row.get("ids")
-    if not isinstance(ids, list) or not ids:
-        return '"ids" must be a non-empty list of token ids'
-    if (bad := next((i for i in ids if type(i) is not int or not 0 <= i <= LARGEST_ID), None)) is not None:
-        return f'"ids" holds {bad!r}: a token id is an integer from 0 to 2^63 - 1'
+    if not isinstance(ids, list) or len(ids) < 2:
+        return '"ids" must be a list of token ids, the prompt\'s then the answer\'s (2 at least)'
+    for i in ids:
+        if type(i) is not int or not 0 <= i <= LARGEST_ID:
+            return f'"ids" holds {json.dumps(i)}: a token id is an integer from 0 to 2^63 - 1'
     start = row.get("start")
     if type(start) is not int or not 1 <= start < len(ids):
         return f'"start" must be an integer from 1 to {len(ids) - 1} (where the answer starts in "ids"), not {start!r}'
