@@ -380,7 +380,7 @@ def results_page(results_dir: Path) -> tuple[str, int, list[str]]:
             report = json.loads(path.read_text(encoding="utf-8"))
             name = path.parent.name
             body = markdown(report).replace("## Benchmark results", f"## {name}", 1).replace("\n### ", "\n#### ")
-            sections.append((str(report["machine"]["date"]), body, path.relative_to(results_dir.parent)))
+            sections.append((str(report["machine"]["date"]), body, path))
         except (OSError, ValueError, KeyError, TypeError, AttributeError) as error:
             skipped.append(f"{path}: not a run's report ({type(error).__name__}: {one_line(error)}); fix or remove it")
     sections.sort(key=lambda item: item[0], reverse=True)
@@ -392,7 +392,8 @@ def results_page(results_dir: Path) -> tuple[str, int, list[str]]:
     if not sections:
         lines += ["No run is committed yet.", ""]
     for _, body, path in sections:
-        lines += [body.rstrip(), "", f"Data: {_link(path)}{_notes(path.parent, results_dir.parent)}", ""]
+        lines += [body.rstrip(), "",
+                  f"Data: {_link(path.relative_to(results_dir.parent))}{_notes(path.parent, results_dir.parent)}", ""]
     others = sorted(folder for folder in results_dir.glob("*/") if folder.is_dir()
                     and not (folder / "results.json").exists() and any(folder.glob("*.json")))
     if others:
