@@ -47,3 +47,12 @@ def test_no_module_is_longer_than_450_lines():
             if ".venv" not in path.parts and "tests" not in path.parts
             and len(path.read_text(encoding="utf-8").splitlines()) > 450}
     assert long == set()
+
+
+def test_the_readme_is_a_front_page_and_each_doc_a_page():
+    """Past 120 lines the README has grown results prose again, past 300 a page of docs/ its dated logs: a run's
+    measurements belong in its folder (benchmarks/results/<run>/README.md), beside its data."""
+    lines = {str(path.relative_to(REPO)): len(path.read_text(encoding="utf-8").splitlines())
+             for path in [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]}
+    too_long = {name: count for name, count in lines.items() if count > (120 if name == "README.md" else 300)}
+    assert too_long == {}
