@@ -1,11 +1,16 @@
 """Building the kernels' shared library with g++ against the installed torch, once per source and torch version.
 
-`python -m kernels` (run by setup.sh) builds it into the cache dir; a later start only loads it.
+`python -m kernels` (run by setup.sh) builds it into the cache dir; a later start checks it against the record its
+build wrote beside it (size and sha256) and only loads it. A library that does not match (a disk that filled, a copy
+cut short) would kill the process that maps it (SIGBUS): it is rebuilt instead, with one line on stderr.
 """
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import hashlib
+import json
 import os
 import shutil
 import subprocess
@@ -33,6 +38,8 @@ UNITS = {"ops.cpp": ["-fopenmp"], "attention.cpp": ["-fopenmp", "-mavx2", "-mfma
                             "-mavx512vnni", "-mamx-tile", "-mamx-int8"],
          "rows.cpp": ["-fopenmp"], "lanes.cpp": []}
 LIBRARY = "specchat_kernels.so"
+RECORD = LIBRARY + ".json"  # the library's size and sha256, written once the library is in place
+LOCK = ".build.lock"  # held by the process that builds: another waits, then finds the library built
 
 
 class BuildError(RuntimeError):
@@ -53,16 +60,58 @@ def library_path(cache_dir: Path | None = None) -> Path:
 
 
 def build(cache_dir: Path | None = None) -> Path:
-    """The library's path, compiled first if it is not there (into a temporary directory, then moved in place)."""
+    """The library's path, compiled first where it is missing or does not match its record (the damage said in one
+    line on stderr). One process builds at a time (a lock beside the library); each compiles into a temporary
+    directory and moves the library in place, then writes its record."""
     target = library_path(cache_dir)
-    if target.is_file():
+    if damage(target) is None:
         return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with _lock(target.parent / LOCK):
+        problem = damage(target)  # again: another process may have built it while this one waited
+        if problem is None:
+            return target
+        if target.exists():
+            print(f"kernels: {problem}; rebuilding it", file=sys.stderr)
+        _compile(target)
+        _write_record(target)
+    return target
+
+
+def damage(library: Path) -> str | None:
+    """None where `library` is the file its build recorded; else what is wrong with it (one line)."""
+    if not library.is_file():
+        return f"{library} is missing"
+    try:
+        record = json.loads((library.parent / RECORD).read_text(encoding="utf-8"))
+        size, sha256 = int(record["size"]), str(record["sha256"])
+    except (OSError, ValueError, TypeError, KeyError):
+        return f"{library} has no record of a finished build"
+    if library.stat().st_size != size:
+        return f"{library} is {library.stat().st_size} bytes where its build wrote {size}"
+    if _sha256(library) != sha256:
+        return f"{library} differs from the file its build wrote"
+    return None
+
+
+def _sha256(path: Path) -> str:
+    with open(path, "rb") as file:
+        return hashlib.file_digest(file, "sha256").hexdigest()
+
+
+@contextlib.contextmanager
+def _lock(path: Path):
+    with open(path, "a") as file:
+        fcntl.flock(file, fcntl.LOCK_EX)  # released when the file closes, or the process dies
+        yield
+
+
+def _compile(target: Path) -> None:
     cxx = compiler()
     if cxx is None:
         raise BuildError("no C++ compiler (g++) found")
     includes = [f"-I{path}" for path in (*cpp_extension.include_paths(), sysconfig.get_paths()["include"])]
     torch_lib = str(Path(torch.__file__).parent / "lib")
-    target.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=target.parent) as temp:
         objects = []
         for unit, flags in UNITS.items():
@@ -73,7 +122,14 @@ def build(cache_dir: Path | None = None) -> Path:
         _run([cxx, "-shared", "-fopenmp", *objects, f"-L{torch_lib}", f"-Wl,-rpath,{torch_lib}", "-lc10", "-ltorch_cpu",
               "-ltorch", "-o", str(built)])
         os.replace(built, target)
-    return target
+
+
+def _write_record(library: Path) -> None:
+    """The record of a finished build, moved in place whole (a reader sees the old one or the new one)."""
+    record = library.parent / RECORD
+    temporary = record.with_name(f".{RECORD}.{os.getpid()}.tmp")
+    temporary.write_text(json.dumps({"size": library.stat().st_size, "sha256": _sha256(library)}), encoding="utf-8")
+    os.replace(temporary, record)
 
 
 def _run(command: list[str]) -> None:
