@@ -21,6 +21,7 @@ if __name__ == "__main__":  # before the imports below: a Ctrl-C while they load
 
 import argparse
 import contextlib
+import os
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -140,20 +141,33 @@ def check_flags(args: argparse.Namespace) -> Decoding:
 
 
 def check_export(words: list[str]) -> None:
-    from app.export import ENGINES
+    """--export ENGINE [FILE]: the engine by name, and a FILE that can be written new (before anything loads)."""
+    from app.export import ENGINES, printable
 
     if words[0].lower() not in ENGINES or len(words) > 2:
         raise InputError(f"--export takes an engine ({', '.join(ENGINES)}) and, to write it, a file; got "
-                         f"{' '.join(words)!r}")
-    if len(words) == 2 and Path(words[1]).exists():
-        raise InputError(f"--export: {words[1]} exists; give a new file name")
+                         f"{printable(' '.join(words))!r}")
+    if len(words) == 1:
+        return
+    path, name = Path(words[1]), printable(words[1])
+    if os.path.lexists(path):  # a dangling symlink too: the script is never written through one
+        raise InputError(f"--export: {name} exists; give a new file name")
+    folder = path.parent
+    existing = next(p for p in (folder, *folder.parents) if p.exists() or p == p.parent)
+    if not existing.is_dir():
+        raise InputError(f"--export: {name} lies under the file {printable(str(existing))}; give a path in a folder")
+    if existing != folder:
+        raise InputError(f"--export: the folder {printable(str(folder))} does not exist; make it or give another path")
+    if not os.access(folder, os.W_OK | os.X_OK):
+        raise InputError(f"--export: the folder {printable(str(folder))} is not writable; give a folder you can "
+                         "write to")
 
 
 def run_export(args: argparse.Namespace, chosen: Decoding, choice) -> int:
     """--export: the serving command for the chosen pair, read from the models' files (no weights are loaded)."""
     from transformers import AutoConfig, AutoTokenizer
 
-    from app.export import Export, drafting_strategy, export, serving
+    from app.export import drafting_strategy, export, printable, serving
     from chat.transcript import write_file
     from models.loading import model_files
     from models.presets import ModelLoadError
@@ -179,13 +193,20 @@ def run_export(args: argparse.Namespace, chosen: Decoding, choice) -> int:
     if drafting_strategy(strategies) and "gamma" not in chosen.explicit:
         result.notes.append(f"gamma {chosen.strategy.gamma}: the built-in default (give --gamma, or use /export in "
                             "the chat for the one calibrated on this machine)")
+    name = printable(args.export[1]) if len(args.export) == 2 else None
+    if name is not None:  # first: a file that cannot be written leaves one line, not a command and an error
+        try:
+            write_file(Path(args.export[1]), result.script())
+            Path(args.export[1]).chmod(0o755)
+        except FileExistsError:
+            raise InputError(f"--export: {name} exists; give a new file name") from None
+        except OSError as error:  # what check_export could not foresee (a file system that refuses it)
+            raise InputError(f"--export: cannot write {name}: {error.strerror or error}") from None
     print(result.command)
     for note in result.notes:
         print(f"note: {note}", file=sys.stderr)
-    if len(args.export) == 2:
-        write_file(Path(args.export[1]), Export(result.engine, result.argv, result.notes).script())
-        Path(args.export[1]).chmod(0o755)
-        print(f"wrote {args.export[1]}", file=sys.stderr)
+    if name is not None:
+        print(f"wrote {name}", file=sys.stderr)
     return 0
 
 

@@ -10,6 +10,7 @@ torch. The engines' option names are those their documentation lists (tests/test
 from __future__ import annotations
 
 import json
+import re
 import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -54,11 +55,33 @@ class Export:
 
     @property
     def command(self) -> str:
-        return shlex.join(self.argv)
+        """The argv as one POSIX shell command line (each word quoted: `shell_word`)."""
+        return " ".join(shell_word(word) for word in self.argv)
 
     def script(self) -> str:
-        """A shell script: the notes as comments, then the command."""
-        return "#!/bin/sh\n" + "".join(f"# {note}\n" for note in self.notes) + f"exec {self.command}\n"
+        """A shell script: the notes as comments (one line each, whatever the paths in them hold), then the command."""
+        return "#!/bin/sh\n" + "".join(f"# {printable(note)}\n" for note in self.notes) + f"exec {self.command}\n"
+
+
+# The characters Python decodes a path's bytes that are not UTF-8 into (os.fsdecode's surrogate escapes)
+UNDECODABLE = re.compile("([\udc80-\udcff]+)")
+
+
+def shell_word(word: str) -> str:
+    """`word` as one word of a POSIX shell, quoted (shlex.quote: nothing in it expands, a newline included); a byte
+    that is not UTF-8 (a path's) is written by printf's octal escape, so the line is text and the word its bytes."""
+    parts = UNDECODABLE.split(word)
+    quoted = [shlex.quote(part) if index % 2 == 0 else
+              "\"$(printf '" + "".join(f"\\{ord(c) - 0xDC00:03o}" for c in part) + "')\""
+              for index, part in enumerate(parts) if part]
+    return "".join(quoted) or "''"
+
+
+def printable(text: str) -> str:
+    """`text` with each character that could end or disturb a line (a newline, a control or format character, a byte
+    that is not UTF-8) written as its escape: a note stays one line, in a script's comment or on a terminal."""
+    return "".join(c if c.isprintable() else f"\\x{ord(c) - 0xDC00:02x}" if "\udc80" <= c <= "\udcff"
+                   else c.encode("unicode_escape").decode("ascii") for c in text)
 
 
 def drafting_strategy(strategies: tuple[str, ...]) -> str | None:
@@ -74,7 +97,8 @@ def export(engine: str, serving: Serving, strategies: tuple[str, ...], settings:
     strategy = drafting_strategy(strategies)
     kind = _kind(engine, strategy, serving, notes)
     build = {"vllm": _vllm, "sglang": _sglang, "llamacpp": _llamacpp}[engine]
-    return Export(engine, build(kind, serving, settings, notes), notes)
+    argv = build(kind, serving, settings, notes)
+    return Export(engine, argv, [printable(note) for note in notes])  # a path in a note may hold a newline
 
 
 def _kind(engine: str, strategy: str | None, serving: Serving, notes: list[str]) -> str | None:

@@ -29,7 +29,7 @@ from transformers import AutoConfig
 
 import infer
 import train_head
-from app.export import ENGINES, Serving, drafting_strategy, export
+from app.export import ENGINES, Serving, drafting_strategy, export, printable
 from sampling.drafters.eagle import EagleDrafter
 from sampling.head_layouts import head_kind, write_eagle
 from sampling.heads import HeadConfig, build, eagle_config, load_head, save_head
@@ -336,3 +336,106 @@ def test_infer_export_writes_the_head_in_the_layout_each_engine_loads(pair_dirs,
     config = json.loads(shlex.split(capsys.readouterr().out.strip())[-1])
     assert config["method"] == "eagle" and config["model"] != str(layout)
     assert json.loads((Path(config["model"]) / "config.json").read_text())["architectures"] == ["LlamaForCausalLM"]
+
+
+# Names a path may have that a shell would read as more than a word: a newline and a command, substitutions, quotes,
+# spaces, an escape sequence, a carriage return, bytes that are not UTF-8 (os.fsdecode's surrogate escapes).
+HOSTILE = ["m\ntouch PWNED\n#", "$(touch PWNED)", "`touch PWNED`", "it's \"quoted\"; touch PWNED", "a b  c",
+           "\x1b[31mred\r", "bytes \udcff\udcfe"]
+
+
+def fake_engines(tmp_path: Path) -> dict[str, str]:
+    """An environment whose vllm, python and llama-server write their argv (NUL-separated) to argv.bin instead."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    for name in ("vllm", "python", "llama-server"):
+        (bin_dir / name).write_text(f"#!/bin/sh\nprintf '%s\\0' \"$0\" \"$@\" > '{tmp_path / 'argv.bin'}'\n")
+        (bin_dir / name).chmod(0o755)
+    return {"PATH": f"{bin_dir}:/usr/bin:/bin", "HOME": str(tmp_path)}
+
+
+def run_script(script: Path, tmp_path: Path) -> list[bytes]:
+    """`sh script` in tmp_path with the fake engines: the argv the engine got, its own name dropped."""
+    import subprocess
+
+    subprocess.run(["sh", str(script)], cwd=tmp_path, env=fake_engines(tmp_path), check=True, timeout=60)
+    return (tmp_path / "argv.bin").read_bytes().split(b"\0")[1:-1]
+
+
+@pytest.mark.parametrize("name", HOSTILE, ids=range(len(HOSTILE)))
+@pytest.mark.parametrize("engine", ENGINES)
+def test_a_script_runs_exactly_its_command_whatever_the_paths_hold(tmp_path, engine, name):
+    """Bug: a note naming a path with a newline ended its comment line: `sh s.sh` ran what followed."""
+    import os
+
+    folder = f"/models/{name}"
+    serving = Serving(folder, None, f"{folder}-drafter", None)  # no GGUF: the notes name the folders
+    result = export(engine, serving, ("speculative",), SETTINGS)
+    script = tmp_path / "serve.sh"
+    script.write_text(result.script(), encoding="utf-8")
+    lines = result.script().split("\n")
+    exec_line = next(i for i, line in enumerate(lines) if line.startswith("exec "))
+    assert lines[0] == "#!/bin/sh" and all(line.startswith("# ") and line.isprintable() for line in lines[1:exec_line])
+    assert engine != "llamacpp" or any(printable(folder) in line for line in lines[1:exec_line])
+    assert run_script(script, tmp_path) == [os.fsencode(word) for word in result.argv[1:]]
+    assert not (tmp_path / "PWNED").exists()
+
+
+def test_infer_export_of_a_folder_named_with_a_command_writes_a_script_that_runs_none(pair_dirs, tmp_path, capsys):
+    """Bug: a saved model folder named `m<newline>touch PWNED<newline>#`, exported for llama.cpp (it has no GGUF, so a
+    note names the folder): `sh s.sh` ran the touch."""
+    import shutil
+
+    folder = tmp_path / "m\ntouch PWNED\n#"
+    shutil.copytree(pair_dirs[0], folder)
+    script = tmp_path / "s.sh"
+    argv = ["--target", str(folder), "--drafter", "none", "--strategy", "lookup", "--gamma", "3", "--cache-dir",
+            str(tmp_path / "cache"), "--export", "llamacpp", str(script)]
+    assert infer.main(argv) == 0
+    err = capsys.readouterr().err
+    assert "touch PWNED\n" not in err and "wrote" in err
+    argv_seen = run_script(script, tmp_path)
+    assert argv_seen[:2] == [b"-m", b"m\ntouch PWNED\n#.gguf"] and not (tmp_path / "PWNED").exists()
+
+
+@pytest.mark.parametrize("file, message", [
+    ("missing/x.sh", "--export: the folder {tmp}/missing does not exist; make it or give another path"),
+    ("a-file/x.sh", "--export: {tmp}/a-file/x.sh lies under the file {tmp}/a-file; give a path in a folder"),
+    ("dangling.sh", "--export: {tmp}/dangling.sh exists; give a new file name"),
+    ("bad\nname/x.sh", "--export: the folder {tmp}/bad\\nname does not exist"),
+])
+def test_an_export_file_that_cannot_be_written_is_refused_in_one_line_before_loading(tmp_path, capsys, monkeypatch,
+                                                                                       file, message):
+    """Bug: these ended in a FileNotFoundError, NotADirectoryError or (a dangling symlink) FileExistsError traceback
+    after the models' configs were read."""
+    import app.startup
+
+    monkeypatch.setattr(app.startup, "load", None)  # nothing may load
+    (tmp_path / "a-file").write_text("")
+    (tmp_path / "dangling.sh").symlink_to(tmp_path / "nowhere")
+    argv = ["--target", str(tmp_path / "no-model"), "--export", "vllm", str(tmp_path / file)]
+    assert infer.main(argv) == infer.USAGE_EXIT
+    captured = capsys.readouterr()
+    assert captured.out == "" and captured.err.count("\n") == 1
+    assert captured.err.startswith("infer.py: error: " + message.format(tmp=tmp_path))
+    assert not (tmp_path / "nowhere").exists()
+
+
+def test_a_folder_that_refuses_the_script_is_said_in_one_line(pair_dirs, tmp_path, capsys):
+    """Bug: a read-only folder gave a PermissionError traceback. Where the process may write anywhere (root), a file
+    system that refuses the write stands in for it."""
+    import os
+
+    folder = tmp_path / "read-only"
+    folder.mkdir()
+    folder.chmod(0o500)
+    refused = folder if not os.access(folder, os.W_OK) else Path("/sys")  # sysfs refuses new files, even to root
+    if not refused.is_dir():
+        pytest.skip("no folder here refuses a new file")
+    argv = ["--target", str(pair_dirs[0]), "--drafter", "none", "--strategy", "lookup", "--cache-dir",
+            str(tmp_path / "cache"), "--export", "vllm", str(refused / "x.sh")]
+    assert infer.main(argv) == infer.USAGE_EXIT
+    captured = capsys.readouterr()
+    assert captured.out == "" and captured.err.count("\n") == 1 and captured.err.startswith("infer.py: error: --export")
+    assert "not writable" in captured.err or "Permission denied" in captured.err
+    assert not (refused / "x.sh").exists()
