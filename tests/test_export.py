@@ -439,3 +439,44 @@ def test_a_folder_that_refuses_the_script_is_said_in_one_line(pair_dirs, tmp_pat
     assert captured.out == "" and captured.err.count("\n") == 1 and captured.err.startswith("infer.py: error: --export")
     assert "not writable" in captured.err or "Permission denied" in captured.err
     assert not (refused / "x.sh").exists()
+
+
+def test_an_export_never_carries_a_gamma_past_the_bound(pair_dirs, tmp_path, capsys):
+    """Bug: `--gamma 100000 --export vllm` (and `/gamma 100000`, then `/export`) wrote `num_speculative_tokens 100000`.
+    The settings refuse it, so the highest gamma an export can carry is the bound."""
+    config = check_vllm(export("vllm", SERVING, ("speculative",), StrategySettings(gamma=64)).argv)
+    assert config["num_speculative_tokens"] == 64
+    script = tmp_path / "serve.sh"
+    argv = ["--target", str(pair_dirs[0]), "--drafter", "none", "--strategy", "lookup", "--gamma", "100000",
+            "--cache-dir", str(tmp_path / "cache"), "--export", "vllm", str(script)]
+    assert infer.main(argv) == infer.USAGE_EXIT
+    captured = capsys.readouterr()
+    assert captured.out == "" and "--gamma must be an integer from 1 to 64, got 100000" in captured.err
+    assert not script.exists()
+
+
+def test_chat_export_after_a_refused_gamma_carries_the_last_good_one(pair_dirs, tmp_path):
+    import io
+
+    from rich.console import Console
+
+    from chat.app import ChatApp
+    from chat.commands import dispatch
+    from chat.session import ChatSession, ChatSettings, ModelInfo
+    from models.loading import load_pair
+
+    pair = load_pair(*map(str, pair_dirs), device="cpu", dtype="float32", progress=False)
+    session = ChatSession(pair.target.tokenizer, pair.target.model, pair.drafter.model, pair.end_ids,
+                          ChatSettings(strategies=("lookup",), max_new_tokens=4))
+    console = Console(file=io.StringIO(), width=400, color_system=None)
+    info = ModelInfo("target", "drafter", "float32", "cpu", target_spec=str(pair_dirs[0]),
+                     drafter_spec=str(pair_dirs[1]), cache_dir=tmp_path / "cache")
+    app = ChatApp(session, console, info)
+    dispatch(app, "/gamma 7")
+    dispatch(app, "/gamma 100000")
+    assert "gamma must be an integer from 1 to 64, got 100000" in console.file.getvalue()
+    console.file.truncate(0)
+    console.file.seek(0)
+    dispatch(app, "/export vllm")
+    config = json.loads(shlex.split(console.file.getvalue().splitlines()[0])[-1])
+    assert config["num_speculative_tokens"] == 7

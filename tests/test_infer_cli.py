@@ -48,7 +48,9 @@ def test_help_documents_every_flag(capsys):
 @pytest.mark.parametrize("argv, message", [
     (["--strategy", "autoregressive,fast"], "unknown strategy 'fast'"),
     (["--strategy", ","], "--strategy needs at least one strategy"),
-    (["--gamma", "0"], "--gamma must be an integer >= 1, got 0"),
+    (["--gamma", "0"], "--gamma must be an integer from 1 to 64, got 0"),
+    # Bug: gamma had no upper bound (and an export wrote `num_speculative_tokens 100000`).
+    (["--gamma", "100000"], "--gamma must be an integer from 1 to 64, got 100000"),
     (["-n", "0"], "--max-new-tokens must be an integer >= 1, got 0"),
     (["--temperature", "0.7", "--top-p", "1.5"], "--top-p must be a number in (0, 1], got 1.5"),
     (["--json"], "--json needs --prompt or --prompt-file"),

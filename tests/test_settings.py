@@ -155,3 +155,18 @@ def test_the_flag_and_the_word_of_a_field_of_a_setting_of_several_values():
     assert (flag_of("lookahead_ngram"), word_of("lookahead_ngram")) == ("--lookahead N", "n-gram size N")
     assert (flag_of("gamma"), word_of("max_new_tokens")) == ("--gamma", "max new tokens")
     assert (flag_of("ngram_n"), word_of("top_k")) == ("ngram_n", "top_k")  # no flag; no command of its own
+
+
+def test_gamma_has_an_upper_bound_through_the_flag_and_the_command(app, capsys):
+    """Bug: `/gamma 100000` and `--gamma 100000` were taken (no bound above), and exported as
+    `num_speculative_tokens 100000`."""
+    assert StrategySettings(gamma=64).gamma == 64
+    with pytest.raises(SettingError, match="gamma must be an integer from 1 to 64, got 65"):
+        StrategySettings(gamma=65)
+    assert infer.main(["--gamma", "100000", "--prompt", "hi"]) == infer.USAGE_EXIT
+    assert "--gamma must be an integer from 1 to 64, got 100000" in capsys.readouterr().err
+    before = app.session.settings
+    assert "gamma must be an integer from 1 to 64, got 100000" in said(app, "/gamma 100000")
+    assert app.session.settings == before
+    said(app, "/gamma 64")
+    assert app.session.settings.strategy.gamma == 64
