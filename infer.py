@@ -165,13 +165,12 @@ def check_export(words: list[str]) -> None:
 
 def run_export(args: argparse.Namespace, chosen: Decoding, choice) -> int:
     """--export: the serving command for the chosen pair, read from the models' files (no weights are loaded)."""
-    from transformers import AutoConfig, AutoTokenizer
+    from transformers import AutoConfig
 
     from app.export import drafting_strategy, export, printable, serving
     from chat.transcript import write_file
     from models.loading import model_files
     from models.presets import ModelLoadError
-    from models.vocab import vocab_notice
     from sampling.head_layouts import head_kind
     from sampling.heads import shipped_heads
     from utils.errors import one_line
@@ -181,10 +180,8 @@ def run_export(args: argparse.Namespace, chosen: Decoding, choice) -> int:
     heads = ([] if any(h.strip().lower() == "none" for h in args.head) else [Path(h) for h in args.head]) \
         if args.head else shipped_heads(files.name)
     eagle = next((str(h) for h in heads if head_kind(h) == "eagle"), None)
+    same_vocab = same_vocabulary(choice, args.cache_dir, progress=False)
     try:
-        same_vocab = choice.drafter is None or vocab_notice(
-            AutoTokenizer.from_pretrained(files.folder),
-            AutoTokenizer.from_pretrained(model_files(choice.drafter, args.cache_dir, progress=False).folder)) is None
         served = serving(args.export[0].lower(), choice.target, choice.drafter, eagle,
                          AutoConfig.from_pretrained(files.folder), args.cache_dir, same_vocab=same_vocab)
     except (OSError, ValueError) as error:  # a Hub id whose config is not at hand offline, a damaged config
@@ -208,6 +205,36 @@ def run_export(args: argparse.Namespace, chosen: Decoding, choice) -> int:
     if name is not None:
         print(f"wrote {name}", file=sys.stderr)
     return 0
+
+
+def check_drafter_strategy(args: argparse.Namespace, choice) -> None:
+    """--strategy drafter runs the drafter on the target's tokens: refused before the models load (a minute or more)
+    where the drafter has another tokenizer, read from its files in a second."""
+    if choice.drafter is None or args.strategy is None or "drafter" not in parse_strategies(args.strategy, True):
+        return
+    if not same_vocabulary(choice, args.cache_dir, progress=not args.json):
+        raise InputError("strategy 'drafter' runs the drafter on the target's tokens, and this drafter has another "
+                         "tokenizer; drop it from --strategy or pass a --drafter with the target's tokenizer")
+
+
+def same_vocabulary(choice, cache_dir: Path | None, progress: bool) -> bool:
+    """Whether the chosen drafter (if any) has the target's token -> id mapping, read from the tokenizers' files
+    (no weights are loaded); ModelLoadError (one line) where they cannot be read."""
+    if choice.drafter is None:
+        return True
+    from transformers import AutoTokenizer
+
+    from models.loading import model_files
+    from models.presets import ModelLoadError
+    from models.vocab import vocab_notice
+    from utils.errors import one_line
+
+    folders = [model_files(spec, cache_dir, progress=progress).folder for spec in (choice.target, choice.drafter)]
+    try:
+        target, drafter = (AutoTokenizer.from_pretrained(folder) for folder in folders)
+    except (OSError, ValueError) as error:  # a Hub id not at hand offline, a damaged tokenizer file
+        raise ModelLoadError(f"cannot read the models' tokenizers ({one_line(error)})") from None
+    return vocab_notice(target, drafter) is None
 
 
 def history_file(cache_dir: Path | None) -> Path:
@@ -287,6 +314,7 @@ def run(args: argparse.Namespace, chosen: Decoding, console: Console, errors: Co
     try:
         choice = model_choice(args, resolve_preset)
         parse_strategies(args.strategy, choice.drafter is not None)
+        check_drafter_strategy(args, choice)
         if args.export is not None:
             return run_export(args, chosen, choice)
         if not one_shot:

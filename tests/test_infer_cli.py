@@ -289,3 +289,33 @@ def test_invalid_utf8_in_the_prompt_flags_is_replaced_with_a_notice(capsys, monk
     err = capsys.readouterr().err.splitlines()
     assert err == ["infer.py: warning: --prompt had 2 invalid UTF-8 bytes: replaced by \ufffd (send UTF-8 text)",
                    "infer.py: warning: --system had 1 invalid UTF-8 byte: replaced by \ufffd (send UTF-8 text)"]
+
+
+class Loaded(Exception):
+    """Raised in place of loading the models: what a test's flags reached."""
+
+
+def test_the_drafter_strategy_with_a_drafter_of_another_tokenizer_is_refused_before_loading(
+        capsys, monkeypatch, checkpoints, tmp_path):
+    """Bug: `--preset embedded --drafter smollm2-135m --strategy drafter` loaded both models (45 s) and then ended in
+    a ValueError traceback: the tokenizers, read from their files in a second, already tell."""
+    import app.startup
+    from tests.helpers import save_tiny_checkpoint, word_tokenizer
+
+    def load(*_args, **_kwargs):
+        raise Loaded
+
+    monkeypatch.setattr(app.startup, "load", load)
+    target, same_tokenizer = checkpoints
+    other = save_tiny_checkpoint(tmp_path / "other", layers=1, hidden=16, tokenizer=word_tokenizer())
+    capsys.readouterr()  # the save's progress bars
+    argv = ["--target", str(target), "--strategy", "autoregressive,drafter", "--prompt", "hi", "--device", "cpu",
+            "--cache-dir", str(tmp_path / "cache")]
+    assert infer.main([*argv, "--drafter", str(other)]) == infer.USAGE_EXIT
+    err = capsys.readouterr().err
+    assert err.startswith("infer.py: error: strategy 'drafter' runs the drafter on the target's tokens, and this "
+                          "drafter has another tokenizer") and err.count("\n") == 1
+    with pytest.raises(Loaded):  # the same tokenizer: on to loading
+        infer.main([*argv, "--drafter", str(same_tokenizer)])
+    with pytest.raises(Loaded):  # another tokenizer without the drafter strategy: drafts text, on to loading
+        infer.main([*argv[:2], "--strategy", "speculative", *argv[4:], "--drafter", str(other)])
