@@ -7,8 +7,6 @@ cut short) would kill the process that maps it (SIGBUS): it is rebuilt instead, 
 
 from __future__ import annotations
 
-import contextlib
-import fcntl
 import hashlib
 import json
 import os
@@ -22,6 +20,7 @@ from pathlib import Path
 import torch
 from torch.utils import cpp_extension
 
+from utils.files import exclusive, write_record
 from utils.paths import default_cache_dir
 
 SOURCES = Path(__file__).parent / "csrc"
@@ -39,7 +38,6 @@ UNITS = {"ops.cpp": ["-fopenmp"], "attention.cpp": ["-fopenmp", "-mavx2", "-mfma
          "rows.cpp": ["-fopenmp"], "lanes.cpp": []}
 LIBRARY = "specchat_kernels.so"
 RECORD = LIBRARY + ".json"  # the library's size and sha256, written once the library is in place
-LOCK = ".build.lock"  # held by the process that builds: another waits, then finds the library built
 
 
 class BuildError(RuntimeError):
@@ -61,20 +59,19 @@ def library_path(cache_dir: Path | None = None) -> Path:
 
 def build(cache_dir: Path | None = None) -> Path:
     """The library's path, compiled first where it is missing or does not match its record (the damage said in one
-    line on stderr). One process builds at a time (a lock beside the library); each compiles into a temporary
-    directory and moves the library in place, then writes its record."""
+    line on stderr). One process builds at a time (its directory locked: another waits, then finds it built); it
+    compiles into a temporary directory, moves the library in place, then writes its record."""
     target = library_path(cache_dir)
     if damage(target) is None:
         return target
-    target.parent.mkdir(parents=True, exist_ok=True)
-    with _lock(target.parent / LOCK):
+    with exclusive(target.parent):
         problem = damage(target)  # again: another process may have built it while this one waited
         if problem is None:
             return target
         if target.exists():
             print(f"kernels: {problem}; rebuilding it", file=sys.stderr)
         _compile(target)
-        _write_record(target)
+        write_record(target.parent / RECORD, {"size": target.stat().st_size, "sha256": _sha256(target)})
     return target
 
 
@@ -99,13 +96,6 @@ def _sha256(path: Path) -> str:
         return hashlib.file_digest(file, "sha256").hexdigest()
 
 
-@contextlib.contextmanager
-def _lock(path: Path):
-    with open(path, "a") as file:
-        fcntl.flock(file, fcntl.LOCK_EX)  # released when the file closes, or the process dies
-        yield
-
-
 def _compile(target: Path) -> None:
     cxx = compiler()
     if cxx is None:
@@ -122,14 +112,6 @@ def _compile(target: Path) -> None:
         _run([cxx, "-shared", "-fopenmp", *objects, f"-L{torch_lib}", f"-Wl,-rpath,{torch_lib}", "-lc10", "-ltorch_cpu",
               "-ltorch", "-o", str(built)])
         os.replace(built, target)
-
-
-def _write_record(library: Path) -> None:
-    """The record of a finished build, moved in place whole (a reader sees the old one or the new one)."""
-    record = library.parent / RECORD
-    temporary = record.with_name(f".{RECORD}.{os.getpid()}.tmp")
-    temporary.write_text(json.dumps({"size": library.stat().st_size, "sha256": _sha256(library)}), encoding="utf-8")
-    os.replace(temporary, record)
 
 
 def _run(command: list[str]) -> None:
