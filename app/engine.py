@@ -15,7 +15,7 @@ One generation at a time: it is not thread-safe.
 
 from __future__ import annotations
 
-from collections.abc import Generator
+from collections.abc import Callable, Generator
 from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
@@ -23,9 +23,9 @@ from typing import TYPE_CHECKING, Any, cast
 import torch
 
 from app.compiling import Compiles, drafter_compiles_by_default, target_compiles_by_default
-from app.startup import SILENT, Records, Report, probe_and_calibrate, records_for, use_kernels
+from app.startup import SILENT, Records, Report, Said, probe_and_calibrate, records_for, use_kernels
 from app.text import Detokenizer, chat_ids
-from app.yardstick import Yardstick
+from app.yardstick import Contestant, Yardstick
 from sampling.base import DecodeConfig, Result, Round, Strategy
 from sampling.registry import build_strategy
 from sampling.settings import NEEDS_DRAFTER, NEEDS_HEAD, STRATEGIES, StrategySettings
@@ -179,6 +179,21 @@ class Stream:
         return Reply(text, ids, stats, "length" if ran_out else "stop")
 
 
+def llamacpp_speed(runner: Contestant | None, cache_dir: Path | None, report: Report) -> Yardstick | None:
+    """llama.cpp's plain speed on the target's GGUF here, timed once and kept (`app.yardstick`); None without a
+    runner (llama.cpp not built, or the target has no embedded GGUF)."""
+    from app.yardstick import yardstick
+    from models.presets import default_cache_dir
+
+    if runner is None:
+        return None
+    with report.status("timing llama.cpp's plain decoding of the same file (once) …"):
+        found, made = yardstick(cache_dir or default_cache_dir(), runner)
+    if found is not None and made:
+        report.say(found.line(), Said.NEWS)
+    return found
+
+
 def _answer(tokens: list[int], finished: bool, end_ids: tuple[int, ...]) -> list[int]:
     """A round's tokens without the end token that closes the answer."""
     return tokens[:-1] if finished and tokens and tokens[-1] in end_ids else tokens
@@ -233,12 +248,14 @@ class Engine:
              heads: list[str] | None = None, cache_dir: Path | None = None, compile: bool | None = None,
              calibrate: bool = True, report: Report | None = None, settings: StrategySettings | None = None,
              keep: frozenset[str] = frozenset(), background: bool = False, kernels: str | None = None,
-             progress: bool = False, **model_options: Any) -> Engine:
+             progress: bool = False, yardstick: Callable[[LoadedPair], Contestant | None] | None = None,
+             **model_options: Any) -> Engine:
         """Load a preset's pair ("auto", "embedded", "llama-3.2"), or `target` with `drafter` (None with a preset:
         its drafter; "none": none), and start it: the draft heads (`heads`: directories; None: those the project
         ships for the target), the identity probe, the calibration (unless `calibrate` is False: `settings` as given)
-        and the compiles (`compile` None: where they pay, `compiled_by_default`; in the foreground unless
-        `background`). `model_options` are `models.loading.load_pair`'s (device, dtype, target_quantize, ...).
+        and the compiles (`compile` None: where they pay, `app.compiling`; in the foreground unless
+        `background`). `yardstick`: what runs llama.cpp on the pair's target, timed once here (before the compiles)
+        for `info`. `model_options` are `models.loading.load_pair`'s (device, dtype, target_quantize, ...).
         ModelLoadError, one line, where a model cannot be loaded."""
         from models.loading import load_pair
         from models.presets import resolve_preset
@@ -253,12 +270,17 @@ class Engine:
             drafter = None
         if kernels:
             use_kernels(kernels)
+        report = report or SILENT
         pair = load_pair(target, drafter, cache_dir=cache_dir, progress=progress, **model_options)
+        if pair.vocab_notice:
+            report.say(pair.vocab_notice, Said.PROBLEM)
         engine = cls.from_pair(pair, load_heads(heads, pair.target.name, pair.target.model), settings=settings,
                                keep=keep, info=ModelInfo.of(pair, target, drafter, cache_dir))
         engine.warm_up()
-        engine.prepare(records_for(pair, cache_dir), calibrate=calibrate, report=report or SILENT)
-        engine.compile(compile, compile, background=background, report=report or SILENT)
+        engine.prepare(records_for(pair, cache_dir), calibrate=calibrate, report=report)
+        if yardstick is not None:  # before the compiles: a compile beside it would slow llama.cpp down
+            engine.info = replace(engine.info, yardstick=llamacpp_speed(yardstick(pair), cache_dir, report))
+        engine.compile(compile, compile, background=background, report=report)
         return engine
 
     @classmethod
@@ -302,20 +324,16 @@ class Engine:
         self.identity, self.tuning, self.settings = prepared.identity, prepared.tuning, prepared.tuning.settings
         return prepared.tuning
 
-    def compiled_by_default(self) -> tuple[bool, bool]:
-        """(drafter, target): whether each model's compile pays here (`app.compiling`)."""
-        return (self.drafter is not None and drafter_compiles_by_default(self.drafter.model),
-                target_compiles_by_default(self.target.model))
-
     def compile(self, drafter: bool | None = None, target: bool | None = None, *, background: bool = False,
                 report: Report = SILENT):
         """Compile the drafter's short forwards, then the target's whole forward (None: where it pays); now, the
         target's graph taken at once, or on a background thread (returned) that a generation holds while it runs."""
-        default = self.compiled_by_default()
-        wanted = (default[0] if drafter is None else drafter, default[1] if target is None else target)
-        jobs = [(name, lm) for name, lm, on in (("drafter", self.drafter, wanted[0]), ("target", self.target,
-                                                                                     wanted[1]))
-                if on and lm is not None]
+        if drafter is None:
+            drafter = self.drafter is not None and drafter_compiles_by_default(self.drafter.model)
+        if target is None:
+            target = target_compiles_by_default(self.target.model)
+        jobs = [(name, lm) for name, lm, wanted in (("drafter", self.drafter, drafter), ("target", self.target, target))
+                if wanted and lm is not None]
         thread = self.compiles.start(jobs, background, report)
         if not background:
             self.target.adopt_compiled()
