@@ -48,6 +48,7 @@ from utils.paths import output_dir_problem
 
 if TYPE_CHECKING:
     from app.calibration import Calibration
+    from app.engine import Engine
     from benchmarks.runner import Encoder, RunSettings
     from models.invariance import Invariance
     from models.loading import LoadedModel, LoadedPair
@@ -203,14 +204,28 @@ def check_markdown_file(path: Path | None, force: bool) -> None:
 
 @dataclass(frozen=True)
 class Models:
-    """What the benchmark loaded: the pair with its heads, hf_universal's drafter, and our cached models."""
+    """What the benchmark loaded: our engine (the pair, its heads, its cached models) and hf_universal's drafter."""
 
     choice: ModelChoice
-    pair: LoadedPair
-    heads: dict
+    engine: Engine
     universal: LoadedModel | None
-    target_lm: CachedModel
-    drafter_lm: CachedModel | None
+
+    @property
+    def pair(self) -> LoadedPair:
+        assert self.engine.pair is not None  # Engine.load keeps what it loaded
+        return self.engine.pair
+
+    @property
+    def heads(self) -> dict:
+        return self.engine.heads
+
+    @property
+    def target_lm(self) -> CachedModel:
+        return self.engine.target
+
+    @property
+    def drafter_lm(self) -> CachedModel | None:
+        return self.engine.drafter
 
 
 @dataclass(frozen=True)
@@ -256,7 +271,7 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     from benchmarks.runner import CheckpointMismatch
 
-    started = start(args, models)
+    started = start(models)
     contestants, skipped = build_contestants(args, models, started)
     try:
         measured = measure(args, prompts, models, started, contestants, skipped, out)
@@ -284,46 +299,37 @@ def write_results_page() -> int:
 
 
 def load_models(args: argparse.Namespace) -> Models:
-    """The pair and its heads (`app.startup.load`), and hf_universal's drafter where it runs (ModelLoadError)."""
+    """Our engine, started as the chat starts it (`app.engine.Engine.load`: the pair and its heads, the probe, the
+    calibration, the compiles in the foreground), and hf_universal's drafter where it runs (ModelLoadError)."""
     import torch
 
-    from app.startup import load
+    from app.engine import Engine
+    from app.startup import PrintReport, load_options
     from models.loading import load_model
-    from utils.caching import CachedModel
 
     if args.threads:
         torch.set_num_threads(args.threads)
     if args.decoding.ignored:
         print(f"warning: {args.decoding.ignored}", file=sys.stderr)
     choice, universal_spec = model_specs(args)
-    pair, heads = load(args, choice, progress=not args.no_progress)
-    if pair.vocab_notice:
-        print(f"note: {pair.vocab_notice}", file=sys.stderr)
-    universal = pair.drafter if pair.tokenizers else None  # a drafter of another tokenizer is hf_universal's own
+    engine = Engine.load(**load_options(args, choice), progress=not args.no_progress, calibrate=args.calibrate,
+                         settings=args.decoding.strategy, keep=args.decoding.explicit, compile=args.compile,
+                         report=PrintReport())
+    assert engine.pair is not None
+    universal = engine.pair.drafter if engine.tokenizers else None  # a drafter of another tokenizer is its own
     if "hf_universal" in selected_strategies(args)[1] and universal_spec and universal is None:
         universal = load_model(universal_spec, device=choice.device, dtype=args.dtype,
                                trust_remote_code=args.trust_remote_code, cache_dir=args.cache_dir,
                                progress=not args.no_progress)
-    drafter = pair.drafter
-    return Models(choice, pair, heads, universal, CachedModel(pair.target.model),
-                  CachedModel(drafter.model, drafter.dense) if drafter is not None else None)
+    return Models(choice, engine, universal)
 
 
-def start(args: argparse.Namespace, models: Models) -> Started:
-    """The start infer.py makes too (`app.startup`): the target's path probed, the drafting settings calibrated
-    (the chat's defaults on this machine), then our drafter's step and our target's forward compiled."""
-    from app import startup
-
-    report = startup.PrintReport()
-    prepared = startup.probe_and_calibrate(models.target_lm, models.drafter_lm,
-                                           startup.records_for(models.pair, args.cache_dir), args.decoding.strategy,
-                                           args.decoding.explicit, calibrate=args.calibrate, report=report)
-    tuning = prepared.tuning
-    wanted = args.compile if args.compile is not None else startup.compiles_by_default(models.pair)
-    whole = args.compile if args.compile is not None else startup.target_compiles_by_default(models.pair)
-    return Started(prepared.identity, tuning.settings if tuning else args.decoding.strategy,
-                   tuning.calibration if tuning else None, startup.compile_step(models.drafter_lm, wanted, report),
-                   startup.compile_whole(models.target_lm, whole, report))
+def start(models: Models) -> Started:
+    """What our engine's start found out and chose: the target's path, the settings, the compiles' seconds."""
+    engine = models.engine
+    assert engine.identity is not None  # Engine.load probes
+    return Started(engine.identity, engine.settings, engine.tuning.calibration if engine.tuning else None,
+                   engine.compiles.seconds("drafter"), engine.compiles.seconds("target"))
 
 
 def build_contestants(args: argparse.Namespace, models: Models, started: Started) -> tuple[list, list[dict]]:
@@ -372,7 +378,6 @@ def measure(args: argparse.Namespace, prompts: list[Prompt], models: Models, sta
     """Every contestant on every prompt, interleaved, checkpointed in --out (CheckpointMismatch: another run's)."""
     import torch
 
-    from benchmarks.prompts import chat_ids
     from benchmarks.runner import Checkpoint, Encoder, RunSettings, run_benchmark
 
     target, drafter, end_ids = models.pair.target, models.pair.drafter, models.pair.end_ids
@@ -381,7 +386,7 @@ def measure(args: argparse.Namespace, prompts: list[Prompt], models: Models, sta
     loaded = [m.model for m in (target, drafter, models.universal) if m is not None]
     context_limit = min(getattr(m.config, "max_position_embeddings", None) or 1 << 31 for m in loaded)
     encoder = Encoder(
-        encode=lambda messages: chat_ids(tokenizer, messages),
+        encode=models.engine.encode,
         decode=lambda ids: tokenizer.decode([t for t in ids if t not in end_ids], skip_special_tokens=True,
                                             clean_up_tokenization_spaces=False))
     run_settings = RunSettings(config, warmup_tokens=4 if args.quick else 8, context_limit=context_limit,
