@@ -246,16 +246,19 @@ class Engine:
     @classmethod
     def load(cls, preset: str | None = None, *, target: str | None = None, drafter: str | None = None,
              heads: list[str] | None = None, cache_dir: Path | None = None, compile: bool | None = None,
-             calibrate: bool = True, report: Report | None = None, settings: StrategySettings | None = None,
+             probe: bool = True, calibrate: bool = True, report: Report | None = None,
+             settings: StrategySettings | None = None,
              keep: frozenset[str] = frozenset(), background: bool = False, kernels: str | None = None,
              progress: bool = False, yardstick: Callable[[LoadedPair], Contestant | None] | None = None,
              **model_options: Any) -> Engine:
         """Load a preset's pair ("auto", "embedded", "llama-3.2"), or `target` with `drafter` (None with a preset:
-        its drafter; "none": none), and start it: the draft heads (`heads`: directories; None: those the project
-        ships for the target), the identity probe, the calibration (unless `calibrate` is False: `settings` as given)
-        and the compiles (`compile` None: where they pay, `app.compiling`; in the foreground unless
-        `background`). `yardstick`: what runs llama.cpp on the pair's target, timed once here (before the compiles)
-        for `info`. `model_options` are `models.loading.load_pair`'s (device, dtype, target_quantize, ...).
+        its drafter; "none": none), and start it:
+        - the draft heads (`heads`: directories; None: those the project ships for the target);
+        - the identity probe and this machine's calibration (`calibrate` False: `settings` as given; `probe` False:
+          neither, the models as loaded, for a script that trains on them), leaving the settings in `keep` be;
+        - `yardstick`: what runs llama.cpp on the pair's target, timed once here, before the compiles, for `info`;
+        - the compiles (`compile` None: where they pay, `app.compiling`), in the foreground unless `background`.
+        `model_options` are `models.loading.load_pair`'s (device, dtype, target_quantize, ...).
         ModelLoadError, one line, where a model cannot be loaded."""
         from models.loading import load_pair
         from models.presets import resolve_preset
@@ -277,7 +280,8 @@ class Engine:
         engine = cls.from_pair(pair, load_heads(heads, pair.target.name, pair.target.model), settings=settings,
                                keep=keep, info=ModelInfo.of(pair, target, drafter, cache_dir))
         engine.warm_up()
-        engine.prepare(records_for(pair, cache_dir), calibrate=calibrate, report=report)
+        if probe:
+            engine.prepare(records_for(pair, cache_dir), calibrate=calibrate, report=report)
         if yardstick is not None:  # before the compiles: a compile beside it would slow llama.cpp down
             engine.info = replace(engine.info, yardstick=llamacpp_speed(yardstick(pair), cache_dir, report))
         engine.compile(compile, compile, background=background, report=report)

@@ -7,26 +7,25 @@ import pytest
 
 from app.engine import Engine
 from app.startup import records_for
-from tests.helpers import build_tokenizer, load_tiny_pair, tiny_model
+from tests.helpers import load_tiny_pair, tiny_engine
 from utils.caching import common_prefix_length
 
 PROMPT = "The quick brown fox"
 
 
-@pytest.fixture(scope="module")
-def tokenizer():
-    return build_tokenizer()
-
-
-@pytest.fixture(scope="module")
-def models(tokenizer):
-    """A float64 target and a smaller drafter over the tokenizer's vocabulary: greedy outputs compare exactly."""
-    return tiny_model(len(tokenizer), seed=0), tiny_model(len(tokenizer), seed=1, layers=1, hidden=16)
+@pytest.fixture
+def engine():
+    return tiny_engine()
 
 
 @pytest.fixture
-def engine(models, tokenizer):
-    return Engine(models[0], tokenizer, models[1])
+def tokenizer(engine):
+    return engine.tokenizer
+
+
+@pytest.fixture
+def models(engine):
+    return engine.target.model, engine.drafter.model
 
 
 @pytest.mark.parametrize("name", ["speculative", "auto", "ngram", "lookup", "lookahead"])

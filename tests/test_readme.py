@@ -9,7 +9,7 @@ import io
 import re
 
 from app.engine import Engine
-from tests.helpers import REPO, build_tokenizer, tiny_model
+from tests.helpers import REPO, tiny_engine
 
 
 def readme_example() -> str:
@@ -25,13 +25,11 @@ def test_the_readme_example_is_short():
 
 
 def test_the_readme_example_runs_on_a_tiny_pair(monkeypatch):
-    tokenizer = build_tokenizer()
     loaded: list[tuple] = []
 
     def load(*args, **kwargs) -> Engine:
         loaded.append((args, kwargs))
-        return Engine(tiny_model(len(tokenizer), seed=0), tokenizer,
-                      tiny_model(len(tokenizer), seed=1, layers=1, hidden=16))
+        return tiny_engine()
 
     monkeypatch.setattr(Engine, "load", load)
     out = io.StringIO()
