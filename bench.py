@@ -216,10 +216,6 @@ class Models:
         return self.engine.pair
 
     @property
-    def heads(self) -> dict:
-        return self.engine.heads
-
-    @property
     def target_lm(self) -> CachedModel:
         return self.engine.target
 
@@ -337,7 +333,6 @@ def build_contestants(args: argparse.Namespace, models: Models, started: Started
     from benchmarks.contestants import OurStrategy
     from benchmarks.hf_baselines import build_hf_baselines
     from benchmarks.llamacpp import for_pair as llamacpp_for_pair
-    from sampling.registry import build_strategy
 
     ours, others = selected_strategies(args)
     settings, target_lm, drafter_lm = started.settings, models.target_lm, models.drafter_lm
@@ -347,12 +342,12 @@ def build_contestants(args: argparse.Namespace, models: Models, started: Started
     for name in ours:
         if name in NEEDS_DRAFTER and drafter_lm is None:
             skipped.append({"name": name, "reason": "no drafter model loaded"})
-        elif name in NEEDS_HEAD and name not in models.heads:
+        elif name in NEEDS_HEAD and name not in models.engine.heads:
             skipped.append({"name": name, "reason": f"no trained {name} head (--head DIR; train_head.py makes one)"})
         elif name == "drafter" and models.pair.tokenizers:
             skipped.append({"name": name, "reason": "the drafter has another tokenizer than the target's"})
         else:
-            strategy = build_strategy(name, target_lm, drafter_lm, settings, models.heads, models.pair.tokenizers)
+            strategy = models.engine.build(name, settings)
             contestants.append(OurStrategy(strategy, cached, asdict(settings), name in NEEDS_DRAFTER))
     hf_names = [n for n in others if n in HF_BASELINES]
     if models.pair.tokenizers:  # HF's assisted generation with one tokenizer cannot take this drafter
@@ -446,7 +441,7 @@ def make_report(args: argparse.Namespace, argv: list[str] | None, prompts: list[
             "greedy_identity": started.identity.as_dict(),
             "heads": {kind: {"path": head.info.get("path"), "parameters": head.size, "config": asdict(head.config),
                              "training": {k: v for k, v in head.info.items() if k != "path"}}
-                      for kind, head in models.heads.items()},
+                      for kind, head in models.engine.heads.items()},
             "prompts": str(args.prompts), "categories": _split(args.categories) or None, "limit": args.limit,
             "quick": args.quick, "prompt_counts": count_by_category(prompts), "context_limit": context_limit,
             "warmup_tokens": measured.run_settings.warmup_tokens, "sklearn_available": sklearn_available(),

@@ -12,8 +12,8 @@ from __future__ import annotations
 import contextlib
 from dataclasses import dataclass
 
+from app.background import PausableThread
 from app.startup import SILENT, Report, Said
-from chat.background import PausableThread
 from utils.caching import CachedModel
 
 COMPILING = "compiling (background)"
