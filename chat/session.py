@@ -137,6 +137,11 @@ class ChatSession:
         return self.engine.drafter
 
     @property
+    def tokenizers(self):
+        """(target's, drafter's) where the drafter's vocabulary differs (it drafts text); None where it is the same."""
+        return self.engine.tokenizers
+
+    @property
     def heads(self) -> dict:
         return self.engine.heads
 
