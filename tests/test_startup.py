@@ -148,3 +148,27 @@ def test_kernels_flag_holds_torch_to_the_same_instructions_unless_told(monkeypat
     hold_torch_to("avx2")
     assert (os.environ["ATEN_CPU_CAPABILITY"], os.environ["ONEDNN_MAX_CPU_ISA"]) == ("default", "AVX2")
     assert os.environ["TORCHINDUCTOR_CACHE_DIR"].endswith("_default")
+
+
+def test_infer_starts_through_one_engine_load(monkeypatch, capsys):
+    """infer.py's whole start is one `Engine.load` (the flags as its keywords); the one-shot answer comes from it."""
+    import json
+
+    import infer
+    from tests.helpers import tiny_engine
+
+    calls = []
+
+    def load(*args, **kwargs):
+        calls.append(kwargs)
+        return tiny_engine()
+
+    monkeypatch.setattr(Engine, "load", load)
+    code = infer.main(["--target", "tiny-target", "--drafter", "tiny-drafter", "-p", "Hello!", "--json", "-n", "5",
+                       "--strategy", "speculative,autoregressive", "--gamma", "2"])
+    assert code == 0 and len(calls) == 1
+    assert (calls[0]["target"], calls[0]["drafter"], calls[0]["compile"], calls[0]["keep"]) == \
+        ("tiny-target", "tiny-drafter", False, frozenset({"gamma"}))  # one prompt compiles only when asked
+    results = json.loads(capsys.readouterr().out)["results"]
+    assert [r["strategy"] for r in results] == ["speculative", "autoregressive"]
+    assert results[0]["token_ids"] == results[1]["token_ids"] and len(results[0]["token_ids"]) <= 5
