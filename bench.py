@@ -52,7 +52,6 @@ if TYPE_CHECKING:
     from benchmarks.runner import Encoder, RunSettings
     from models.invariance import Invariance
     from models.loading import LoadedModel, LoadedPair
-    from utils.caching import CachedModel
 
 NOT_BY_DEFAULT = ("drafter", "beam")  # not speculative methods: measured only when asked for
 UNIVERSAL_DRAFTER = "smollm2-135m"
@@ -208,20 +207,8 @@ class Models:
 
     choice: ModelChoice
     engine: Engine
+    pair: LoadedPair  # what the engine loaded
     universal: LoadedModel | None
-
-    @property
-    def pair(self) -> LoadedPair:
-        assert self.engine.pair is not None  # Engine.load keeps what it loaded
-        return self.engine.pair
-
-    @property
-    def target_lm(self) -> CachedModel:
-        return self.engine.target
-
-    @property
-    def drafter_lm(self) -> CachedModel | None:
-        return self.engine.drafter
 
 
 @dataclass(frozen=True)
@@ -295,8 +282,7 @@ def write_results_page() -> int:
 
 
 def load_models(args: argparse.Namespace) -> Models:
-    """Our engine, started as the chat starts it (`app.engine.Engine.load`: the pair and its heads, the probe, the
-    calibration, the compiles in the foreground), and hf_universal's drafter where it runs (ModelLoadError)."""
+    """Our engine, started as the chat starts it (`Engine.load`), and hf_universal's drafter (ModelLoadError)."""
     import torch
 
     from app.engine import Engine
@@ -311,19 +297,19 @@ def load_models(args: argparse.Namespace) -> Models:
     engine = Engine.load(**load_options(args, choice), progress=not args.no_progress, calibrate=args.calibrate,
                          settings=args.decoding.strategy, keep=args.decoding.explicit, compile=args.compile,
                          report=PrintReport())
-    assert engine.pair is not None
-    universal = engine.pair.drafter if engine.tokenizers else None  # a drafter of another tokenizer is its own
+    pair = engine.pair
+    assert pair is not None  # Engine.load keeps what it loaded
+    universal = pair.drafter if engine.tokenizers else None  # a drafter of another tokenizer is its own
     if "hf_universal" in selected_strategies(args)[1] and universal_spec and universal is None:
         universal = load_model(universal_spec, device=choice.device, dtype=args.dtype,
                                trust_remote_code=args.trust_remote_code, cache_dir=args.cache_dir,
                                progress=not args.no_progress)
-    return Models(choice, engine, universal)
+    return Models(choice, engine, pair, universal)
 
 
 def start(models: Models) -> Started:
     """What our engine's start found out and chose: the target's path, the settings, the compiles' seconds."""
     engine = models.engine
-    assert engine.identity is not None  # Engine.load probes
     return Started(engine.identity, engine.settings, engine.tuning.calibration if engine.tuning else None,
                    engine.compiles.seconds("drafter"), engine.compiles.seconds("target"))
 
@@ -335,7 +321,7 @@ def build_contestants(args: argparse.Namespace, models: Models, started: Started
     from benchmarks.llamacpp import for_pair as llamacpp_for_pair
 
     ours, others = selected_strategies(args)
-    settings, target_lm, drafter_lm = started.settings, models.target_lm, models.drafter_lm
+    settings, target_lm, drafter_lm = started.settings, models.engine.target, models.engine.drafter
     cached = [lm for lm in (target_lm, drafter_lm) if lm is not None]
     contestants: list = []
     skipped: list[dict] = []
@@ -391,7 +377,7 @@ def measure(args: argparse.Namespace, prompts: list[Prompt], models: Models, sta
                    "threads": torch.get_num_threads(), "max_new_tokens": args.max_new_tokens,
                    "decoding": repr(config.processor), "seed": args.seed,
                    "strategy_settings": asdict(started.settings), "drafter_compiled": started.compiled is not None,
-                   "target_compiled": models.target_lm.whole_model is not None,
+                   "target_compiled": models.engine.target.whole_model is not None,
                    "target_path": str(started.identity.path), "contestants": [c.describe() for c in contestants]}
     checkpoint = Checkpoint(out / "progress.jsonl", fingerprint, resume=args.resume)
     if checkpoint.done:
@@ -416,7 +402,7 @@ def make_report(args: argparse.Namespace, argv: list[str] | None, prompts: list[
     verified = {*gammas.values(), *(g for name in stops_early for g in range(1, gammas[name] + 1))}
     context = timing_context(prompts, measured.encoder.encode, args.max_new_tokens,
                              context_limit - max([settings.gamma, *gammas.values()]) - 1)
-    costs = measure_costs(models.target_lm, models.drafter_lm, context, settings.gamma,
+    costs = measure_costs(models.engine.target, models.engine.drafter, context, settings.gamma,
                           args.cost_repeats or (3 if args.quick else 7), tuple(sorted(verified)))
     drafter_models = {c.name for c in contestants if c.kind == "ours" and c.uses_drafter_model}
     described = "greedy" if processor.is_greedy else f"sampling ({processor!r}), seed {args.seed}"
@@ -429,7 +415,7 @@ def make_report(args: argparse.Namespace, argv: list[str] | None, prompts: list[
             "target": target.label, "target_source": target.source,
             "drafter": drafter.label if drafter else None, "drafter_source": drafter.source if drafter else None,
             "drafter_compiled": compiled is not None, "drafter_compile_seconds": compiled,
-            "target_compiled": models.target_lm.whole_model is not None,  # a draft head's strategy drops it
+            "target_compiled": models.engine.target.whole_model is not None,  # a draft head's strategy drops it
             "target_compile_seconds": started.target_compiled,
             "target_quantize": target.quantize, "drafter_quantize": drafter.quantize if drafter else None,
             "universal_drafter": universal.name if universal else None,
