@@ -48,10 +48,10 @@ from utils.paths import output_dir_problem
 
 if TYPE_CHECKING:
     from app.calibration import Calibration
+    from app.engine import Engine
     from benchmarks.runner import Encoder, RunSettings
     from models.invariance import Invariance
     from models.loading import LoadedModel, LoadedPair
-    from utils.caching import CachedModel
 
 NOT_BY_DEFAULT = ("drafter", "beam")  # not speculative methods: measured only when asked for
 UNIVERSAL_DRAFTER = "smollm2-135m"
@@ -203,14 +203,12 @@ def check_markdown_file(path: Path | None, force: bool) -> None:
 
 @dataclass(frozen=True)
 class Models:
-    """What the benchmark loaded: the pair with its heads, hf_universal's drafter, and our cached models."""
+    """What the benchmark loaded: our engine (the pair, its heads, its cached models) and hf_universal's drafter."""
 
     choice: ModelChoice
-    pair: LoadedPair
-    heads: dict
+    engine: Engine
+    pair: LoadedPair  # what the engine loaded
     universal: LoadedModel | None
-    target_lm: CachedModel
-    drafter_lm: CachedModel | None
 
 
 @dataclass(frozen=True)
@@ -256,7 +254,7 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     from benchmarks.runner import CheckpointMismatch
 
-    started = start(args, models)
+    started = start(models)
     contestants, skipped = build_contestants(args, models, started)
     try:
         measured = measure(args, prompts, models, started, contestants, skipped, out)
@@ -284,46 +282,36 @@ def write_results_page() -> int:
 
 
 def load_models(args: argparse.Namespace) -> Models:
-    """The pair and its heads (`app.startup.load`), and hf_universal's drafter where it runs (ModelLoadError)."""
+    """Our engine, started as the chat starts it (`Engine.load`), and hf_universal's drafter (ModelLoadError)."""
     import torch
 
-    from app.startup import load
+    from app.engine import Engine
+    from app.startup import PrintReport, load_options
     from models.loading import load_model
-    from utils.caching import CachedModel
 
     if args.threads:
         torch.set_num_threads(args.threads)
     if args.decoding.ignored:
         print(f"warning: {args.decoding.ignored}", file=sys.stderr)
     choice, universal_spec = model_specs(args)
-    pair, heads = load(args, choice, progress=not args.no_progress)
-    if pair.vocab_notice:
-        print(f"note: {pair.vocab_notice}", file=sys.stderr)
-    universal = pair.drafter if pair.tokenizers else None  # a drafter of another tokenizer is hf_universal's own
+    engine = Engine.load(**load_options(args, choice), progress=not args.no_progress, calibrate=args.calibrate,
+                         settings=args.decoding.strategy, keep=args.decoding.explicit, compile=args.compile,
+                         report=PrintReport())
+    pair = engine.pair
+    assert pair is not None  # Engine.load keeps what it loaded
+    universal = pair.drafter if engine.tokenizers else None  # a drafter of another tokenizer is its own
     if "hf_universal" in selected_strategies(args)[1] and universal_spec and universal is None:
         universal = load_model(universal_spec, device=choice.device, dtype=args.dtype,
                                trust_remote_code=args.trust_remote_code, cache_dir=args.cache_dir,
                                progress=not args.no_progress)
-    drafter = pair.drafter
-    return Models(choice, pair, heads, universal, CachedModel(pair.target.model),
-                  CachedModel(drafter.model, drafter.dense) if drafter is not None else None)
+    return Models(choice, engine, pair, universal)
 
 
-def start(args: argparse.Namespace, models: Models) -> Started:
-    """The start infer.py makes too (`app.startup`): the target's path probed, the drafting settings calibrated
-    (the chat's defaults on this machine), then our drafter's step and our target's forward compiled."""
-    from app import startup
-
-    report = startup.PrintReport()
-    prepared = startup.probe_and_calibrate(models.target_lm, models.drafter_lm,
-                                           startup.records_for(models.pair, args.cache_dir), args.decoding.strategy,
-                                           args.decoding.explicit, calibrate=args.calibrate, report=report)
-    tuning = prepared.tuning
-    wanted = args.compile if args.compile is not None else startup.compiles_by_default(models.pair)
-    whole = args.compile if args.compile is not None else startup.target_compiles_by_default(models.pair)
-    return Started(prepared.identity, tuning.settings if tuning else args.decoding.strategy,
-                   tuning.calibration if tuning else None, startup.compile_step(models.drafter_lm, wanted, report),
-                   startup.compile_whole(models.target_lm, whole, report))
+def start(models: Models) -> Started:
+    """What our engine's start found out and chose: the target's path, the settings, the compiles' seconds."""
+    engine = models.engine
+    return Started(engine.identity, engine.settings, engine.tuning.calibration if engine.tuning else None,
+                   engine.compiles.seconds("drafter"), engine.compiles.seconds("target"))
 
 
 def build_contestants(args: argparse.Namespace, models: Models, started: Started) -> tuple[list, list[dict]]:
@@ -331,22 +319,21 @@ def build_contestants(args: argparse.Namespace, models: Models, started: Started
     from benchmarks.contestants import OurStrategy
     from benchmarks.hf_baselines import build_hf_baselines
     from benchmarks.llamacpp import for_pair as llamacpp_for_pair
-    from sampling.registry import build_strategy
 
     ours, others = selected_strategies(args)
-    settings, target_lm, drafter_lm = started.settings, models.target_lm, models.drafter_lm
+    settings, target_lm, drafter_lm = started.settings, models.engine.target, models.engine.drafter
     cached = [lm for lm in (target_lm, drafter_lm) if lm is not None]
     contestants: list = []
     skipped: list[dict] = []
     for name in ours:
         if name in NEEDS_DRAFTER and drafter_lm is None:
             skipped.append({"name": name, "reason": "no drafter model loaded"})
-        elif name in NEEDS_HEAD and name not in models.heads:
+        elif name in NEEDS_HEAD and name not in models.engine.heads:
             skipped.append({"name": name, "reason": f"no trained {name} head (--head DIR; train_head.py makes one)"})
         elif name == "drafter" and models.pair.tokenizers:
             skipped.append({"name": name, "reason": "the drafter has another tokenizer than the target's"})
         else:
-            strategy = build_strategy(name, target_lm, drafter_lm, settings, models.heads, models.pair.tokenizers)
+            strategy = models.engine.build(name, settings)
             contestants.append(OurStrategy(strategy, cached, asdict(settings), name in NEEDS_DRAFTER))
     hf_names = [n for n in others if n in HF_BASELINES]
     if models.pair.tokenizers:  # HF's assisted generation with one tokenizer cannot take this drafter
@@ -372,7 +359,6 @@ def measure(args: argparse.Namespace, prompts: list[Prompt], models: Models, sta
     """Every contestant on every prompt, interleaved, checkpointed in --out (CheckpointMismatch: another run's)."""
     import torch
 
-    from benchmarks.prompts import chat_ids
     from benchmarks.runner import Checkpoint, Encoder, RunSettings, run_benchmark
 
     target, drafter, end_ids = models.pair.target, models.pair.drafter, models.pair.end_ids
@@ -381,7 +367,7 @@ def measure(args: argparse.Namespace, prompts: list[Prompt], models: Models, sta
     loaded = [m.model for m in (target, drafter, models.universal) if m is not None]
     context_limit = min(getattr(m.config, "max_position_embeddings", None) or 1 << 31 for m in loaded)
     encoder = Encoder(
-        encode=lambda messages: chat_ids(tokenizer, messages),
+        encode=models.engine.encode,
         decode=lambda ids: tokenizer.decode([t for t in ids if t not in end_ids], skip_special_tokens=True,
                                             clean_up_tokenization_spaces=False))
     run_settings = RunSettings(config, warmup_tokens=4 if args.quick else 8, context_limit=context_limit,
@@ -391,7 +377,7 @@ def measure(args: argparse.Namespace, prompts: list[Prompt], models: Models, sta
                    "threads": torch.get_num_threads(), "max_new_tokens": args.max_new_tokens,
                    "decoding": repr(config.processor), "seed": args.seed,
                    "strategy_settings": asdict(started.settings), "drafter_compiled": started.compiled is not None,
-                   "target_compiled": models.target_lm.whole_model is not None,
+                   "target_compiled": models.engine.target.whole_model is not None,
                    "target_path": str(started.identity.path), "contestants": [c.describe() for c in contestants]}
     checkpoint = Checkpoint(out / "progress.jsonl", fingerprint, resume=args.resume)
     if checkpoint.done:
@@ -416,7 +402,7 @@ def make_report(args: argparse.Namespace, argv: list[str] | None, prompts: list[
     verified = {*gammas.values(), *(g for name in stops_early for g in range(1, gammas[name] + 1))}
     context = timing_context(prompts, measured.encoder.encode, args.max_new_tokens,
                              context_limit - max([settings.gamma, *gammas.values()]) - 1)
-    costs = measure_costs(models.target_lm, models.drafter_lm, context, settings.gamma,
+    costs = measure_costs(models.engine.target, models.engine.drafter, context, settings.gamma,
                           args.cost_repeats or (3 if args.quick else 7), tuple(sorted(verified)))
     drafter_models = {c.name for c in contestants if c.kind == "ours" and c.uses_drafter_model}
     described = "greedy" if processor.is_greedy else f"sampling ({processor!r}), seed {args.seed}"
@@ -429,7 +415,7 @@ def make_report(args: argparse.Namespace, argv: list[str] | None, prompts: list[
             "target": target.label, "target_source": target.source,
             "drafter": drafter.label if drafter else None, "drafter_source": drafter.source if drafter else None,
             "drafter_compiled": compiled is not None, "drafter_compile_seconds": compiled,
-            "target_compiled": models.target_lm.whole_model is not None,  # a draft head's strategy drops it
+            "target_compiled": models.engine.target.whole_model is not None,  # a draft head's strategy drops it
             "target_compile_seconds": started.target_compiled,
             "target_quantize": target.quantize, "drafter_quantize": drafter.quantize if drafter else None,
             "universal_drafter": universal.name if universal else None,
@@ -441,7 +427,7 @@ def make_report(args: argparse.Namespace, argv: list[str] | None, prompts: list[
             "greedy_identity": started.identity.as_dict(),
             "heads": {kind: {"path": head.info.get("path"), "parameters": head.size, "config": asdict(head.config),
                              "training": {k: v for k, v in head.info.items() if k != "path"}}
-                      for kind, head in models.heads.items()},
+                      for kind, head in models.engine.heads.items()},
             "prompts": str(args.prompts), "categories": _split(args.categories) or None, "limit": args.limit,
             "quick": args.quick, "prompt_counts": count_by_category(prompts), "context_limit": context_limit,
             "warmup_tokens": measured.run_settings.warmup_tokens, "sklearn_available": sklearn_available(),

@@ -22,7 +22,7 @@ if __name__ == "__main__":  # before the imports below: a Ctrl-C while they load
 import argparse
 import contextlib
 import os
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 
 from rich.console import Console
@@ -262,12 +262,13 @@ def replace_undecodable_flag(text: str | None, flag: str, errors: Console) -> st
     return text
 
 
-def make_settings(args: argparse.Namespace, chosen: Decoding, strategies: tuple[str, ...]):
+def make_settings(args: argparse.Namespace, chosen: Decoding, strategies: tuple[str, ...], strategy):
+    """The chat's settings: the flags', with `strategy` (the engine's, calibrated) for the drafting ones."""
     from chat.session import ChatSettings
 
     config = chosen.config
     try:
-        return ChatSettings(strategies=strategies, strategy=chosen.strategy, processor=config.processor,
+        return ChatSettings(strategies=strategies, strategy=strategy, processor=config.processor,
                             max_new_tokens=config.max_new_tokens, seed=config.seed, chat_template=not args.no_chat,
                             system=args.system, ignore_eos=args.ignore_eos)
     except ValueError as error:
@@ -305,7 +306,8 @@ def run(args: argparse.Namespace, chosen: Decoding, console: Console, errors: Co
         one_shot: bool, json_out) -> int:
     if not args.verbose:
         quiet_libraries()
-    from app.startup import compiles_by_default, load, probe_and_calibrate, records_for, target_compiles_by_default
+    from app.engine import Engine
+    from app.startup import load_options
     from chat.app import ChatApp
     from chat.oneshot import run_oneshot
     from chat.session import ChatSession
@@ -320,76 +322,39 @@ def run(args: argparse.Namespace, chosen: Decoding, console: Console, errors: Co
         if not one_shot:
             errors.print(f"loading {choice.target}" + (f" + {choice.drafter}" if choice.drafter else "") + " …",
                           style="dim", markup=False)
-        pair, heads = load(args, choice, progress=not args.json)
-        strategies = parse_strategies(args.strategy, choice.drafter is not None, frozenset(heads))
+        # one prompt compiles only when asked (and waits for it): a compile takes longer than the prompt
+        engine = Engine.load(**load_options(args, choice), progress=not args.json, calibrate=args.calibrate,
+                             settings=chosen.strategy, keep=chosen.explicit, report=ConsoleReport(errors, args.json),
+                             compile=args.compile if args.compile is not None or not one_shot else False,
+                             background=not one_shot,
+                             yardstick=None if one_shot or args.no_compare else llamacpp_runner(args.cache_dir))
+        strategies = parse_strategies(args.strategy, choice.drafter is not None, frozenset(engine.heads))
     except ModelLoadError as error:
         if args.verbose:
             raise
         errors.print(f"infer.py: error: {error}", style="red", markup=False, soft_wrap=True)
         return LOAD_EXIT
-    settings = make_settings(args, chosen, strategies)
-    if settings.chat_template and not pair.target.tokenizer.chat_template:
+    settings = make_settings(args, chosen, strategies, engine.settings)
+    if settings.chat_template and not engine.tokenizer.chat_template:
         errors.print("the target's tokenizer has no chat template: raw completion", style="yellow")
-    if pair.vocab_notice:
-        errors.print(pair.vocab_notice, style="yellow", markup=False, soft_wrap=True)
-    info = model_info(pair, choice.target, choice.drafter, args.cache_dir)
-    session = ChatSession(pair.target.tokenizer, pair.target.model, pair.drafter.model if pair.drafter else None,
-                          pair.end_ids, settings, drafter_prefill_model=pair.drafter.dense if pair.drafter else None,
-                          heads=heads, drafter_tokenizer=pair.tokenizers[1] if pair.tokenizers else None)
-    session.keep_settings = chosen.explicit
-    session.warm_up()
-    session.adopt(probe_and_calibrate(session.target, session.drafter, records_for(pair, args.cache_dir),
-                                      session.settings.strategy, session.keep_settings, calibrate=args.calibrate,
-                                      report=ConsoleReport(errors, quiet=args.json)))
-    if not one_shot and not args.no_compare:  # timed before the drafter compiles in the background
-        info = replace(info, yardstick=llamacpp_yardstick(pair, args.cache_dir, errors))
-    compile_drafter = args.compile if args.compile is not None else not one_shot and compiles_by_default(pair)
-    compile_target = args.compile if args.compile is not None else not one_shot and target_compiles_by_default(pair)
-    if session.compile_models(drafter=compile_drafter, target=compile_target) is not None and one_shot:
-        session.wait_for_compile()  # one prompt: wait for the graphs, or they would not be used
+    session = ChatSession(engine, settings)
     if one_shot:
         try:
-            return run_oneshot(session, info, prompt, console, json_out)
+            return run_oneshot(session, engine.info, prompt, console, json_out)
         except ValueError as error:  # the prompt does not fit the context
             raise InputError(str(error)) from None
-    app = ChatApp(session, console, info, history_file(args.cache_dir), compare=not args.no_compare, debug=args.debug)
+    app = ChatApp(session, console, engine.info, history_file(args.cache_dir), compare=not args.no_compare,
+                  debug=args.debug)
     return app.run()
 
 
-def model_info(pair, target_spec: str, drafter_spec: str | None, cache_dir: Path | None):
-    """What the banner, /save, /export and the JSON say of the loaded pair: each model's device, where device maps put
-    the layers, and the specs and cache dir its files are found by."""
-    from chat.session import ModelInfo
-    from utils.caching import input_device
-
-    target = pair.target.model
-    devices = [str(input_device(target))]
-    if pair.drafter is not None and str(input_device(pair.drafter.model)) != devices[0]:
-        devices.append(f"drafter {input_device(pair.drafter.model)}")
-    placed = [f"{name} {model.placement}" for name, model in (("target", pair.target), ("drafter", pair.drafter))
-              if model is not None and model.placement]
-    return ModelInfo(target=pair.target.label, drafter=pair.drafter.label if pair.drafter else None,
-                     dtype=str(target.dtype).removeprefix("torch."), device=", ".join(devices),
-                     target_format=pair.target.format, drafter_format=pair.drafter.format if pair.drafter else "",
-                     placement="; ".join(placed), target_spec=target_spec, drafter_spec=drafter_spec,
-                     cache_dir=cache_dir)
-
-
-def llamacpp_yardstick(pair, cache_dir: Path | None, errors: Console):
-    """llama.cpp's plain speed on the target's GGUF here (`app.yardstick`), timed once and kept; None where it is not
-    built or the target has no embedded GGUF."""
-    from app.yardstick import PROMPT, yardstick
+def llamacpp_runner(cache_dir: Path | None):
+    """What times llama.cpp's plain speed on the target's GGUF here (`app.yardstick`), handed to the engine's start;
+    it finds none where llama.cpp is not built or the target has no embedded GGUF."""
+    from app.yardstick import PROMPT
     from benchmarks.llamacpp import plain_run
 
-    cache_dir = cache_dir or default_cache_dir()
-    runner = plain_run(pair, cache_dir, PROMPT)
-    if runner is None:
-        return None
-    with errors.status("timing llama.cpp's plain decoding of the same file (once) …"):
-        found, made = yardstick(cache_dir, runner)
-    if found is not None and made:
-        errors.print(found.line(), style="dim", markup=False, soft_wrap=True)
-    return found
+    return lambda pair: plain_run(pair, cache_dir or default_cache_dir(), PROMPT)
 
 
 @dataclass(frozen=True)

@@ -239,7 +239,7 @@ def remove_own_files(out: Path, data: Path) -> None:
 def run(args, prompts: list[str], budget: Budget, argv: list[str] | None, reused: list[dict]) -> int:
     import torch
 
-    from models.loading import load_model
+    from app.engine import Engine
     from models.presets import ModelLoadError
     from sampling.heads import HeadConfig, bind, build, eagle_config, load_head
 
@@ -250,12 +250,15 @@ def run(args, prompts: list[str], budget: Budget, argv: list[str] | None, reused
     try:
         gguf_backed = args.target in EMBEDDED or args.target.lower().endswith(".gguf")
         quantize = args.target_quantize or ("gguf" if gguf_backed else "none")
-        loaded = load_model(args.target, device=args.device, dtype=args.dtype, quantize=quantize,
-                            progress=not args.no_progress)
+        # the target as loaded: the head learns the model the chat runs, not a path probed for verifying
+        engine = Engine.load(target=args.target, drafter="none", heads=["none"], probe=False, compile=False,
+                             device=args.device, dtype=args.dtype, target_quantize=quantize,
+                             progress=not args.no_progress)
     except ModelLoadError as error:
         print(f"error: {error}", file=sys.stderr)
         return FAILED_EXIT
-    model = loaded.model
+    assert engine.pair is not None
+    loaded, model = engine.pair.target, engine.target.model
     vocab_size = model.get_output_embeddings().out_features
     start = None  # the head --init trains on from: read before any answer is made
     if args.init is not None:

@@ -1,6 +1,7 @@
-"""What infer.py and bench.py do alike: the Ctrl-C guard around the whole run, loading the pair with its heads, the
-probe and the calibration of this machine, and the rule for compiling the drafter's step. `load` and
-`probe_and_calibrate` import torch: the scripts call them once their flags are checked."""
+"""The pieces of the start that `app.engine.Engine.load` puts together, and what the scripts share around it: the
+Ctrl-C guard around the whole run, the model flags as the engine's keywords, the probe and the calibration of this
+machine, and the report protocol a script shows the start's lines through. `probe_and_calibrate` imports torch: the
+scripts reach it once their flags are checked."""
 
 from __future__ import annotations
 
@@ -20,7 +21,6 @@ if TYPE_CHECKING:
     from app.flags import ModelChoice
     from models.invariance import Invariance
     from models.loading import LoadedPair
-    from sampling.heads import DraftHead
     from sampling.settings import StrategySettings
     from utils.caching import CachedModel
 
@@ -42,19 +42,13 @@ def guarded_main(script: str) -> NoReturn:
     os._exit(code)
 
 
-def load(args: argparse.Namespace, choice: ModelChoice, progress: bool) -> tuple[LoadedPair, dict[str, DraftHead]]:
-    """The pair the model flags chose, and the draft heads --head names (ModelLoadError, one line, for a wrong one)."""
-    from models.loading import load_pair
-    from sampling.heads import load_heads
-
-    if args.kernels:
-        use_kernels(args.kernels)
-    pair = load_pair(choice.target, choice.drafter, device=choice.device, dtype=args.dtype,
-                     target_quantize=choice.target_quantize, drafter_quantize=choice.drafter_quantize,
-                     trust_remote_code=args.trust_remote_code, cache_dir=args.cache_dir, verify=args.verify,
-                     progress=progress, target_placement=choice.target_placement,
-                     drafter_placement=choice.drafter_placement)
-    return pair, load_heads(args.head, pair.target.name, pair.target.model)
+def load_options(args: argparse.Namespace, choice: ModelChoice) -> dict[str, Any]:
+    """`app.engine.Engine.load`'s keywords for the model flags (`app.flags.add_model_flags`) and the pair they chose."""
+    return {"target": choice.target, "drafter": choice.drafter or "none", "heads": args.head,
+            "cache_dir": args.cache_dir, "kernels": args.kernels, "device": choice.device, "dtype": args.dtype,
+            "target_quantize": choice.target_quantize, "drafter_quantize": choice.drafter_quantize,
+            "trust_remote_code": args.trust_remote_code, "verify": args.verify,
+            "target_placement": choice.target_placement, "drafter_placement": choice.drafter_placement}
 
 
 def use_kernels(name: str) -> None:
@@ -67,24 +61,6 @@ def use_kernels(name: str) -> None:
         kernels.use(name)
     except RuntimeError as error:
         raise ModelLoadError(f"--kernels {name}: {str(error).splitlines()[0]}") from None
-
-
-def target_compiles_by_default(pair: LoadedPair) -> bool:
-    """The target's whole forward compiles by default where its linears are the project's CPU kernels: the small
-    operators between them and the Python around them are then a fifth of a step (docs/kernels.md)."""
-    from models.formats.blocks import BlockLinear
-
-    return any(isinstance(module, BlockLinear) for module in pair.target.model.modules())
-
-
-def compiles_by_default(pair: LoadedPair) -> bool:
-    """The drafter's one-token step compiles by default on a CPU, where Python and dispatch are a large share of
-    it, unless its weights are oneDNN-prepacked (torch.compile cannot lower them)."""
-    from models.formats.prepack import is_prepacked
-
-    drafter = pair.drafter
-    return (drafter is not None and next(drafter.model.parameters()).device.type == "cpu"
-            and not is_prepacked(drafter.model))
 
 
 @dataclass(frozen=True)
@@ -180,30 +156,3 @@ def probe_and_calibrate(target: CachedModel, drafter: CachedModel | None, record
     for reason in tuning.choice.reasons:
         report.say(reason, Said.WHY)
     return Prepared(identity, tuning, records)
-
-
-def compile_step(drafter: CachedModel | None, wanted: bool, report: Report = SILENT) -> float | None:
-    """Compile the drafter's short forwards now (`CachedModel.compile_step`); the seconds it took, None if not
-    (where it fails, the drafter runs uncompiled and `report` says why). The chat compiles in the background."""
-    if drafter is None or not wanted:
-        return None
-    try:
-        with report.status("compiling the drafter's short forwards …"):
-            return drafter.compile_step()
-    except Exception as error:  # noqa: BLE001 (the run goes on, uncompiled, and says so)
-        report.say(f"the drafter runs uncompiled: {type(error).__name__}: {error}", Said.PROBLEM)
-        return None
-
-
-def compile_whole(target: CachedModel, wanted: bool, report: Report = SILENT) -> float | None:
-    """Compile the target's whole forward now and take it (`CachedModel.compile_whole`); as `compile_step`."""
-    if not wanted:
-        return None
-    try:
-        with report.status("compiling the target's forward …"):
-            seconds = target.compile_whole()
-    except Exception as error:  # noqa: BLE001 (the run goes on, uncompiled, and says so)
-        report.say(f"the target runs uncompiled: {type(error).__name__}: {error}", Said.PROBLEM)
-        return None
-    target.adopt_compiled()
-    return seconds

@@ -198,7 +198,7 @@ class PlainRun:
 
 def plain_run(pair: LoadedPair, cache_dir: Path, text: str) -> PlainRun | None:
     """llama.cpp's plain decoding of `pair`'s target on `text` as a chat turn; None where it cannot run here."""
-    from benchmarks.prompts import chat_ids
+    from app.text import chat_ids
 
     contestant, _ = for_pair("llamacpp", pair, cache_dir)
     if contestant is None:

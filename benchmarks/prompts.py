@@ -58,12 +58,6 @@ def count_by_category(prompts: list[Prompt]) -> dict[str, int]:
     return dict(Counter(p.category for p in prompts))
 
 
-def chat_ids(tokenizer, messages: list[dict[str, str]]) -> list[int]:
-    """Token ids of a conversation rendered with the tokenizer's chat template, ready for the assistant's answer."""
-    text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
-    return tokenizer.encode(text, add_special_tokens=False)
-
-
 def _parse(line: str, path: Path, number: int, default_category: str | None) -> Prompt:
     try:
         record = json.loads(line)

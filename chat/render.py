@@ -1,5 +1,5 @@
-"""Terminal rendering: incremental detokenisation, streamed answers (coloured by origin in debug mode), stats tables,
-the banner and the one-line notices.
+"""Terminal rendering: streamed answers (coloured by origin in debug mode), stats tables, the banner and the
+one-line notices (`app.text.Detokenizer` turns the streamed ids into text).
 
 `comparison_table(rows)` and `stats_line(stats)` are plain functions on `Stats`, for any caller that has runs to show.
 """
@@ -13,6 +13,7 @@ from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
+from app.text import Detokenizer
 from app.yardstick import Yardstick
 from chat.session import ChatSession, ModelInfo, Plan, Run
 from chat.turn import Turn, View
@@ -26,45 +27,6 @@ BASELINE = "autoregressive"
 ACCEPTED_STYLE = "green"
 REJECTED_STYLE = "dim red strike"
 TARGET_STYLE = "yellow"
-
-
-class Detokenizer:
-    """Turns a stream of token ids into a stream of text, decoding only a short window of recent tokens.
-
-    `prefix` marks the start of the window (a few tokens of context, so tokenizers that strip a leading space see
-    one), `read` the end of the tokens whose text is fully shown. New text is the decoded window minus the decoded
-    context. A window ending in U+FFFD ends inside a multi-byte character split across tokens: the text before it
-    is shown (`pending` characters of it), the rest waits for the tokens that complete the character.
-    """
-
-    def __init__(self, tokenizer, context_ids: list[int] = (), context: int = 4):
-        self.tokenizer = tokenizer
-        self.ids = list(context_ids[-context:]) if context else []
-        self.prefix = 0
-        self.read = len(self.ids)
-        self.pending = 0  # characters after the `read` tokens' text already shown
-
-    def push(self, ids: list[int]) -> str:
-        self.ids += ids
-        return self._advance(final=False)
-
-    def flush(self) -> str:
-        """Whatever is still held back (an incomplete character at the very end is shown as U+FFFD)."""
-        return self._advance(final=True)
-
-    def _advance(self, final: bool) -> str:
-        shown = self._decode(self.ids[self.prefix:self.read])
-        new = self._decode(self.ids[self.prefix:])[len(shown):]
-        if new.endswith("\ufffd") and not final:
-            ready = new.rstrip("\ufffd")
-            piece, self.pending = ready[self.pending:], max(self.pending, len(ready))
-            return piece
-        piece = new[self.pending:]
-        self.prefix, self.read, self.pending = self.read, len(self.ids), 0
-        return piece
-
-    def _decode(self, ids: list[int]) -> str:
-        return self.tokenizer.decode(ids, skip_special_tokens=False, clean_up_tokenization_spaces=False)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -1,6 +1,6 @@
-"""The conversation: settings, history, chat template, and the long-lived cached models that make turns cheap.
+"""The conversation: the settings the user changes, the history, and the turns it runs on one `app.engine.Engine`.
 
-KV reuse: the session keeps one `CachedModel` per model for its whole life. Each prompt is the whole conversation
+KV reuse: the engine keeps one `CachedModel` per model for its whole life. Each prompt is the whole conversation
 rendered with the chat template; `CachedModel.extend` finds the longest prefix its cache already holds and feeds only
 the rest, so a new turn prefills only the new tokens. Before each strategy runs, the caches it feeds are cropped back
 to what they shared with the prompt when the turn began, so every strategy in a comparison prefills the same tokens.
@@ -13,25 +13,21 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
-from pathlib import Path
-
-import torch
-from jinja2 import TemplateError
 
 from app.calibration import Tuning
-from app.startup import Prepared, Records, probe_and_calibrate
-from app.yardstick import Yardstick
-from chat.background import PausableThread
+from app.compiling import COMPILING
+from app.engine import Engine, ModelInfo
+from app.startup import Records
+from app.text import chat_ids
 from models.invariance import Invariance
 from sampling.base import MAX_SEED, DecodeConfig, Result, Round, Stats, Strategy
-from sampling.registry import build_strategy
 from sampling.settings import NEEDS_DRAFTER, NEEDS_HEAD, STRATEGIES, StrategySettings
 from sampling.speculative import Speculative
 from utils.caching import CachedModel, common_prefix_length
 from utils.checks import integer
 from utils.logits_processor import GreedyProcessor, LogitsProcessor
 
-COMPILING = "compiling (background)"
+__all__ = ["COMPILING", "ChatSession", "ChatSettings", "ContextOverflow", "Message", "ModelInfo", "Plan", "Run"]
 
 
 class ContextOverflow(ValueError):
@@ -45,23 +41,6 @@ class ContextOverflow(ValueError):
 
     def advice(self, length_option: str) -> str:
         return f"{self}: {'shorten it or lower' if self.shorten else 'lower'} {length_option}"
-
-
-@dataclass(frozen=True)
-class ModelInfo:
-    """What the banner, /save and the one-shot JSON say about the loaded models."""
-
-    target: str
-    drafter: str | None
-    dtype: str
-    device: str
-    target_format: str = ""  # "float32, oneDNN-prepacked", "int4 weights, bfloat16 activations", ...
-    drafter_format: str = ""
-    placement: str = ""  # where device maps put the layers ("target cpu: layers 0-1 · disk: layers 2-3"); "" if not
-    target_spec: str = ""  # the specs the models were loaded from and the cache dir: /export finds their files
-    drafter_spec: str | None = None
-    cache_dir: Path | None = None
-    yardstick: Yardstick | None = None  # llama.cpp's plain speed on this machine, where it is built
 
 
 @dataclass(frozen=True)
@@ -134,85 +113,72 @@ class Run:
 class ChatSession:
     keep_after_drop = 0.5  # the share of the prompt room a conversation that outgrew the context is cut down to
 
-    def __init__(self, tokenizer, target_model, drafter_model=None, end_ids: tuple[int, ...] = (),
-                 settings: ChatSettings = ChatSettings(), drafter_prefill_model=None, heads: dict | None = None,
-                 drafter_tokenizer=None):
-        """`drafter_tokenizer`: the drafter's, where its vocabulary differs from the target's (it then drafts text)."""
-        self.tokenizer = tokenizer
-        self.tokenizers = None if drafter_tokenizer is None else (tokenizer, drafter_tokenizer)
-        self.heads = dict(heads or {})  # the trained draft heads by kind (eagle, medusa)
-        self.target = CachedModel(target_model)
-        self.drafter = CachedModel(drafter_model, drafter_prefill_model) if drafter_model is not None else None
-        self.end_ids = tuple(end_ids)
+    def __init__(self, engine: Engine, settings: ChatSettings = ChatSettings()):
+        """A conversation on `engine` (loaded, probed, calibrated and compiling as it was started)."""
+        self.engine = engine
         self.history: list[Message] = []  # what the model sees: user/assistant pairs, oldest first
         self.settings = settings
         self._strategies: dict[str, Strategy] = {}
         self._reuse: dict[int, int] = {}
-        self.compile_status: str | None = None  # the drafter's compiled one-token step: None (not asked) or its state
-        self.target_compile_status: str | None = None  # the target's compiled forward, likewise
-        self._compile: PausableThread | None = None
-        self.tuning: Tuning | None = None  # the drafting settings chosen from this machine's timed forwards
-        self.invariance: Invariance | None = None  # whether a verify rounds as the steps do here (`probe`)
-        self.keep_settings: frozenset[str] = frozenset()  # settings the user chose: calibration leaves them be
-        self.records: Records | None = None  # where this machine's probe and timings are kept; None: not calibrated
         self.configure(settings)
+
+    # -- what the engine holds, as the chat shows it ------------------------------------------------
+
+    @property
+    def tokenizer(self):
+        return self.engine.tokenizer
+
+    @property
+    def target(self) -> CachedModel:
+        return self.engine.target
+
+    @property
+    def drafter(self) -> CachedModel | None:
+        return self.engine.drafter
+
+    @property
+    def tokenizers(self):
+        """(target's, drafter's) where the drafter's vocabulary differs (it drafts text); None where it is the same."""
+        return self.engine.tokenizers
+
+    @property
+    def heads(self) -> dict:
+        return self.engine.heads
+
+    @property
+    def end_ids(self) -> tuple[int, ...]:
+        return self.engine.end_ids
+
+    @property
+    def invariance(self) -> Invariance | None:
+        """Whether a verify rounds as the steps do on this machine (the engine's probe); None: not probed."""
+        return self.engine.identity
+
+    @property
+    def tuning(self) -> Tuning | None:
+        return self.engine.tuning
+
+    @property
+    def records(self) -> Records | None:
+        return self.engine.records
+
+    @property
+    def compile_status(self) -> str | None:
+        """The drafter's compiled one-token step: None (not asked) or its state."""
+        return self.engine.compiles.status("drafter")
+
+    @property
+    def target_compile_status(self) -> str | None:
+        """The target's compiled forward, likewise."""
+        return self.engine.compiles.status("target")
 
     @property
     def compiling(self) -> bool:
-        return COMPILING in (self.compile_status, self.target_compile_status)
-
-    def compile_models(self, drafter: bool = True, target: bool = False) -> PausableThread | None:
-        """Compile the drafter's short forwards (`CachedModel.compile_step`), then the target's whole forward
-        (`compile_whole`), on a background thread; `compile_status` and `target_compile_status` say how each went.
-        The drafter switches once its graph is ready, the target at the start of the next turn (`begin`), so that a
-        turn runs one target graph throughout. A turn holds the compile while it runs (`compile_paused`) and decodes
-        meanwhile as before: beside a decode, the compile would make it crawl."""
-        jobs = [(name, lm) for name, lm, wanted in (("drafter", self.drafter, drafter), ("target", self.target, target))
-                if wanted and lm is not None]
-        if not jobs:
-            return None
-        for name, lm in jobs:
-            self._set_compile_status(name, COMPILING)
-            if name == "target":
-                lm.prepare_whole()
-
-        def work():
-            for name, lm in jobs:
-                try:  # one worker: a pause holds all of the compile
-                    seconds = lm.compile_step(workers=1) if name == "drafter" else lm.compile_whole(workers=1)
-                except Exception as error:  # noqa: BLE001 (any failure leaves the model eager; the reason is shown)
-                    reason = next(iter(str(error).strip().splitlines()), "")
-                    self._set_compile_status(name, f"not compiled ({type(error).__name__}: {reason})")
-                else:
-                    self._set_compile_status(name, f"compiled (ready after {seconds:.0f} s)")
-
-        self._compile = PausableThread(work, "compile").start()
-        return self._compile
-
-    def _set_compile_status(self, name: str, status: str) -> None:
-        if name == "drafter":
-            self.compile_status = status
-        else:
-            self.target_compile_status = status
+        return self.engine.compiles.running
 
     def compile_paused(self) -> contextlib.AbstractContextManager:
         """Hold a background compile while the block runs (a turn: its timings then compare with later turns')."""
-        return self._compile.paused() if self._compile is not None else contextlib.nullcontext()
-
-    def wait_for_compile(self) -> None:
-        """Block until a background compile ends."""
-        if self._compile is not None:
-            self._compile.join()
-
-    def warm_up(self) -> None:
-        """A small prefill and one decode step per model, so that the first strategy measured in a comparison does
-        not pay alone for first-touch costs (weights paged in from the memory-mapped files, kernels chosen)."""
-        with torch.inference_mode():
-            for lm in (self.target, self.drafter):
-                if lm is not None:
-                    lm.extend([0] * 8)
-                    lm.extend([0] * 9)
-                    lm.reset()
+        return self.engine.compiles.paused()
 
     # -- settings ---------------------------------------------------------------------------------
 
@@ -230,9 +196,7 @@ class ChatSession:
         if headless:
             raise ValueError(f"strategy {headless[0]!r} needs a trained {headless[0]} head (start with --head DIR)")
         keep = self._strategies if settings.strategy == self.settings.strategy else {}
-        built = {name: keep.get(name) or build_strategy(name, self.target, self.drafter, settings.strategy,
-                                                         self.heads, self.tokenizers)
-                 for name in settings.strategies}
+        built = {name: keep.get(name) or self.engine.build(name, settings.strategy) for name in settings.strategies}
         self._strategies = {**keep, **built}
         self.settings = settings
 
@@ -253,24 +217,12 @@ class ChatSession:
             return "not probed"
         return "exact" if self.invariance.exact else "not exact on this machine"
 
-    def adopt(self, prepared: Prepared) -> None:
-        """Take what the start found out (`app.startup.probe_and_calibrate`): the target's path on which a verify
-        rounds as the steps do, and the drafting settings calibrated for this machine, if it was calibrated."""
-        self.invariance, self.tuning = prepared.identity, prepared.tuning
-        if prepared.tuning is not None:
-            self.update(strategy=prepared.tuning.settings)
-            self.records = prepared.records
-
     def calibrate(self, again: bool = False) -> Tuning:
         """Probe the target's path and time this machine's forwards again (`again`), or take what was kept for it,
-        and set the drafting settings they call for, except those the user chose (`keep_settings`)."""
-        if self.records is None:
-            raise ValueError("this session was not calibrated at start, so it has nothing to time against")
-        prepared = probe_and_calibrate(self.target, self.drafter, self.records, self.settings.strategy,
-                                       self.keep_settings, again=again)
-        self.adopt(prepared)
-        assert prepared.tuning is not None
-        return prepared.tuning
+        and set the drafting settings they call for, except those the user chose at start (`Engine.keep`)."""
+        tuning = self.engine.calibrate(self.settings.strategy, again=again)
+        self.update(strategy=tuning.settings)
+        return tuning
 
     def reset(self) -> None:
         """Forget the conversation (and any n-gram store); the caches stay and are re-synced by the next prompt."""
@@ -298,12 +250,7 @@ class ChatSession:
     def render(self, messages: list[Message]) -> list[int]:
         """Token ids of `messages` (after the system prompt) through the chat template, ready for the reply."""
         chat = [{"role": "system", "content": self.settings.system}] if self.settings.system else []
-        chat += [{"role": m.role, "content": m.content} for m in messages]
-        try:
-            text = self.tokenizer.apply_chat_template(chat, tokenize=False, add_generation_prompt=True)
-        except (TemplateError, ValueError) as error:  # templates raise for what they do not support
-            raise ValueError(f"the chat template rejected the conversation: {error}") from error
-        return self.tokenizer(text, add_special_tokens=False)["input_ids"]
+        return chat_ids(self.tokenizer, chat + [{"role": m.role, "content": m.content} for m in messages])
 
     def plan(self, user_text: str) -> Plan:
         """The prompt for `user_text`: the conversation so far through the template (or the bare text without it).
@@ -370,7 +317,7 @@ class ChatSession:
         return ids[:-1] if run.finished and ids and ids[-1] in self.end_ids else ids
 
     def decode(self, ids: list[int]) -> str:
-        return self.tokenizer.decode(ids, skip_special_tokens=False, clean_up_tokenization_spaces=False)
+        return self.engine.decode(ids)
 
     def record(self, user_text: str, answer: str) -> None:
         """Add a finished (or interrupted) turn to the history the model sees; raw completions are not chat."""

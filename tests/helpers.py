@@ -115,6 +115,16 @@ def load_tiny_pair(root: Path):
     return load_pair(str(target), str(drafter), device="cpu", dtype="float32", progress=False)
 
 
+def tiny_engine(drafter: bool = True):
+    """An Engine on a float64 tiny target (and a smaller drafter) over `build_tokenizer`'s vocabulary and template:
+    greedy outputs compare exactly, text round-trips."""
+    from app.engine import Engine
+
+    tokenizer = build_tokenizer()
+    return Engine(tiny_model(len(tokenizer), seed=0), tokenizer,
+                  tiny_model(len(tokenizer), seed=1, layers=1, hidden=16) if drafter else None)
+
+
 def random_head(model, kind: str, seed: int = 1, std: float = 0.2, vocab=None):
     """An untrained eagle or medusa head of random weights bound to `model` in its dtype (any head keeps the output
     lossless; a trained one is made by train_head.py)."""

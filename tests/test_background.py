@@ -1,4 +1,4 @@
-"""chat.background: a background thread held at its next Python call while a pause lasts."""
+"""app.background: a background thread held at its next Python call while a pause lasts."""
 
 import os
 import threading
@@ -7,7 +7,7 @@ import time
 import pytest
 import torch
 
-from chat.background import PausableThread, release_openmp_team
+from app.background import PausableThread, release_openmp_team
 
 
 def until(condition, seconds: float = 10.0) -> None:

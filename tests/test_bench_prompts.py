@@ -5,7 +5,8 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks.prompts import DEFAULT_PROMPTS, chat_ids, count_by_category, load_prompts
+from app.text import chat_ids
+from benchmarks.prompts import DEFAULT_PROMPTS, count_by_category, load_prompts
 
 SHARED = Path(__file__).resolve().parents[2] / "shared" / "bench"
 

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
+from app.engine import Engine
 from chat.app import ChatApp
 from chat.arguments import parse_processor
 from chat.commands import Command, Outcome, build_commands, dispatch
@@ -31,8 +32,7 @@ def pair(tmp_path_factory):
 
 @pytest.fixture
 def app(pair):
-    session = ChatSession(pair.target.tokenizer, pair.target.model, pair.drafter.model, pair.end_ids,
-                          ChatSettings(max_new_tokens=4))
+    session = ChatSession(Engine.from_pair(pair), ChatSettings(max_new_tokens=4))
     console = Console(file=io.StringIO(), width=200, color_system=None)
     return ChatApp(session, console, ModelInfo("target", "drafter", "float32", "cpu"))
 
@@ -165,7 +165,7 @@ def test_the_last_strategy_cannot_be_switched_off(app):
 
 
 def test_drafter_strategies_are_unavailable_without_a_drafter(pair):
-    session = ChatSession(pair.target.tokenizer, pair.target.model, None, pair.end_ids,
+    session = ChatSession(Engine(pair.target.model, pair.target.tokenizer, end_ids=pair.end_ids),
                           ChatSettings(strategies=("autoregressive",)))
     app = ChatApp(session, Console(file=io.StringIO(), width=200), ModelInfo("t", None, "float32", "cpu"))
     assert "needs a drafter" in run(app, "/speculative")
@@ -323,7 +323,7 @@ def test_a_prompt_runs_at_once_while_the_drafter_compiles_and_holds_the_compile_
         return 1.0
 
     monkeypatch.setattr(session.drafter, "compile_step", compiling)
-    session.compile_models()
+    session.engine.compile(drafter=True, target=False, background=True)
     while progress[0] < 1000:
         time.sleep(0.001)
     seen, stream = [], session.stream
@@ -343,7 +343,7 @@ def test_a_prompt_runs_at_once_while_the_drafter_compiles_and_holds_the_compile_
         time.sleep(0.001)
     assert progress[0] > held  # and goes on once the turn is over
     release.set()
-    session.wait_for_compile()
+    session.engine.compiles.wait()
     assert session.compile_status == "compiled (ready after 1 s)"
 
 

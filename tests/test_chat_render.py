@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 from rich.console import Console
 
+from app.engine import Engine
 from chat.render import (
     ComparisonRow,
     ConsoleView,
@@ -163,7 +164,7 @@ def printed(*renderables) -> str:
 def test_the_banner_shows_user_text_as_typed(pair, text):
     """Regression: `--system "[/]"` crashed the banner with a MarkupError, "[answer]" vanished from it, and emoji
     codes were expanded."""
-    session = ChatSession(pair.target.tokenizer, pair.target.model, None, pair.end_ids,
+    session = ChatSession(Engine(pair.target.model, pair.target.tokenizer, end_ids=pair.end_ids),
                           ChatSettings(strategies=("autoregressive",), system=text))
     shown = printed(banner(ModelInfo(f"target {text}", f"drafter {text}", "float32", "cpu"), session, True))
     assert f"system: {text}" in shown and f"target {text}" in shown and f"drafter {text}" in shown

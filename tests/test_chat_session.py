@@ -15,6 +15,7 @@ import torch
 from rich.console import Console
 from transformers import AutoModelForCausalLM
 
+from app.engine import Engine
 from chat.oneshot import FAILED_EXIT, run_oneshot
 from chat.session import ChatSession, ChatSettings, Message, ModelInfo
 from chat.turn import View, run_turn
@@ -45,7 +46,8 @@ def small_pair(tmp_path_factory):
 
 def make_session(pair, **settings) -> ChatSession:
     drafter = pair.drafter.model if pair.drafter else None
-    return ChatSession(pair.target.tokenizer, pair.target.model, drafter, pair.end_ids, ChatSettings(**settings))
+    return ChatSession(Engine(pair.target.model, pair.target.tokenizer, drafter, end_ids=pair.end_ids),
+                       ChatSettings(**settings))
 
 
 def count_fed_tokens(lm, cached: list[int] | None = None) -> list[int]:
@@ -307,7 +309,7 @@ def test_a_template_that_rejects_the_conversation_is_one_clear_error(pair):
     tokenizer.chat_template = ("{% for m in messages %}{% if m['role'] == 'system' %}"
                                "{{ raise_exception('System role not supported') }}{% endif %}{{ m['content'] }}"
                                "{% endfor %}")
-    session = ChatSession(tokenizer, pair.target.model, None, pair.end_ids,
+    session = ChatSession(Engine(pair.target.model, tokenizer, end_ids=pair.end_ids),
                           ChatSettings(strategies=("autoregressive",), system="Be brief."))
     with pytest.raises(ValueError, match="the chat template rejected the conversation: System role not supported"):
         run_turn(session, "Hello!", View())
@@ -349,11 +351,11 @@ def test_the_drafter_compiles_in_the_background_and_says_how_it_went(pair, monke
             self.seen.append(text)
 
     plain = AutoModelForCausalLM.from_pretrained(pair.drafter.source, dtype=torch.float32).eval()  # not prepacked
-    session = ChatSession(pair.target.tokenizer, pair.target.model, plain, pair.end_ids,
+    session = ChatSession(Engine(pair.target.model, pair.target.tokenizer, plain, end_ids=pair.end_ids),
                           ChatSettings(strategies=("speculative", "autoregressive"), max_new_tokens=12))
     turn_done, compile_step = threading.Event(), session.drafter.compile_step
     session.drafter.compile_step = lambda **kw: turn_done.wait(60) and compile_step(**kw)  # the turn runs first
-    thread = session.compile_models()
+    thread = session.engine.compile(drafter=True, target=False, background=True)
     assert session.compile_status == "compiling (background)" and session.compiling
     view = Notices()
     turn = run_turn(session, "Hello!", view)  # a prompt meanwhile runs at once, the compile held while it decodes
@@ -371,20 +373,21 @@ def test_the_drafter_compiles_in_the_background_and_says_how_it_went(pair, monke
         raise RuntimeError("no C++ compiler\nmore detail")
 
     monkeypatch.setattr("torch.compile", no_compiler)
-    failed = ChatSession(pair.target.tokenizer, pair.target.model, plain, pair.end_ids,
+    failed = ChatSession(Engine(pair.target.model, pair.target.tokenizer, plain, end_ids=pair.end_ids),
                          ChatSettings(strategies=("speculative",)))
-    failed.compile_models().join()
+    failed.engine.compile(drafter=True, target=False, background=True).join()
     assert failed.compile_status == "not compiled (RuntimeError: no C++ compiler)"
     assert failed.drafter.step_model is None
     packed = make_session(pair, strategies=("speculative",))  # the loader prepacked its float32 drafter
-    packed.compile_models().join()
+    packed.engine.compile(drafter=True, target=False, background=True).join()
     assert packed.compile_status == ("not compiled (ValueError: its weights are oneDNN-prepacked, which "
                                      "torch.compile cannot lower)")
 
 
 def test_no_drafter_nothing_to_compile(short_pair):
     session = make_session(short_pair, strategies=("autoregressive",))
-    assert session.compile_models() is None and session.compile_status is None
+    assert session.engine.compile(drafter=True, target=False, background=True) is None
+    assert session.compile_status is None
 
 
 INFO = ModelInfo("target", "drafter", "float32", "cpu")
@@ -453,7 +456,7 @@ def test_the_target_compile_thread_never_installs_the_hidden_state_hooks(pair, m
 
     monkeypatch.setattr(output_capturing, "install_all_output_capturing_hooks", recorded)
     settings = ChatSettings(strategies=("autoregressive",))
-    session = ChatSession(pair.target.tokenizer, plain, None, pair.end_ids, settings)
-    session.compile_models(drafter=False, target=True).join()
+    session = ChatSession(Engine(plain, pair.target.tokenizer, end_ids=pair.end_ids), settings)
+    session.engine.compile(drafter=False, target=True, background=True).join()
     assert session.target_compile_status != "compiling (background)"  # it traced (this graph is then refused)
     assert installed_on == [threading.current_thread().name]

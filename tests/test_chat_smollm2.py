@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from app.engine import Engine
 from chat.session import ChatSession, ChatSettings, Message
 from chat.turn import View, run_turn
 from models.loading import load_pair
@@ -33,8 +34,7 @@ def test_the_conversion_goes_into_the_test_cache(smollm2, model_cache_dir):
 def test_multi_turn_chat_with_a_system_prompt(smollm2):
     settings = ChatSettings(strategies=("speculative", "autoregressive"), max_new_tokens=12,
                             system="You are a geography teacher. Answer in one short sentence.")
-    session = ChatSession(smollm2.target.tokenizer, smollm2.target.model, smollm2.drafter.model, smollm2.end_ids,
-                          settings)
+    session = ChatSession(Engine.from_pair(smollm2), settings)
     first = run_turn(session, "What is the capital of France?", View())
     prompt_text = smollm2.target.tokenizer.decode(first.plan.ids)
     assert prompt_text.startswith("<|im_start|>system\nYou are a geography teacher.")

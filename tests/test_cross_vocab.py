@@ -256,6 +256,7 @@ def test_the_chat_takes_a_drafter_of_another_tokenizer_and_stats_show_re_tokeniz
 
     from rich.console import Console
 
+    from app.engine import Engine
     from chat.app import ChatApp
     from chat.commands import Outcome, dispatch
     from chat.session import ChatSession, ChatSettings, ModelInfo
@@ -266,9 +267,8 @@ def test_the_chat_takes_a_drafter_of_another_tokenizer_and_stats_show_re_tokeniz
     drafter = save_tiny_checkpoint(tmp_path / "drafter", seed=1, tokenizer=word_tokenizer(words=200))
     pair = load_pair(str(target), str(drafter), device="cpu", dtype="float64", progress=False)
     assert pair.vocab_notice and pair.tokenizers
-    session = ChatSession(pair.target.tokenizer, pair.target.model, pair.drafter.model, pair.end_ids,
-                          ChatSettings(max_new_tokens=12, strategies=("speculative", "autoregressive")),
-                          drafter_tokenizer=pair.tokenizers[1])
+    session = ChatSession(Engine.from_pair(pair),
+                          ChatSettings(max_new_tokens=12, strategies=("speculative", "autoregressive")))
     app = ChatApp(session, Console(file=io.StringIO(), width=240, color_system=None),
                   ModelInfo("target", "drafter", "float64", "cpu"))
 

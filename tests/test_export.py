@@ -298,14 +298,14 @@ def test_chat_export_command_prints_and_writes(pair_dirs, tmp_path):
 
     from rich.console import Console
 
+    from app.engine import Engine
     from chat.app import ChatApp
     from chat.commands import dispatch
     from chat.session import ChatSession, ChatSettings, ModelInfo
     from models.loading import load_pair
 
     pair = load_pair(*map(str, pair_dirs), device="cpu", dtype="float32", progress=False)
-    session = ChatSession(pair.target.tokenizer, pair.target.model, pair.drafter.model, pair.end_ids,
-                          ChatSettings(strategies=("lookup", "speculative"), max_new_tokens=4))
+    session = ChatSession(Engine.from_pair(pair), ChatSettings(strategies=("lookup", "speculative"), max_new_tokens=4))
     console = Console(file=io.StringIO(), width=400, color_system=None)
     info = ModelInfo("target", "drafter", "float32", "cpu", target_spec=str(pair_dirs[0]),
                      drafter_spec=str(pair_dirs[1]), cache_dir=tmp_path / "cache")

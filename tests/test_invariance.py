@@ -13,6 +13,7 @@ from rich.console import Console
 from torch import nn
 
 from app import calibration
+from app.engine import Engine
 from chat.oneshot import run_oneshot
 from chat.render import ComparisonRow, banner, comparison_table
 from chat.session import ChatSession, ChatSettings, ModelInfo
@@ -149,7 +150,7 @@ NOT_EXACT = Invariance(False, TargetPath("sdpa", 1), {"sdpa attention, one-token
 
 
 def test_where_identity_is_not_exact_the_json_claims_no_greedy_losslessness(pair):
-    session = ChatSession(pair.target.tokenizer, pair.target.model, pair.drafter.model, pair.end_ids,
+    session = ChatSession(Engine.from_pair(pair),
                           ChatSettings(strategies=("speculative", "autoregressive"), max_new_tokens=8))
     info = ModelInfo("t", "d", "float32", "cpu")
 
@@ -158,20 +159,20 @@ def test_where_identity_is_not_exact_the_json_claims_no_greedy_losslessness(pair
         run_oneshot(session, info, "hello", Console(file=io.StringIO()), out)
         return json.loads(out.getvalue())
 
-    session.invariance = NOT_EXACT
+    session.engine.identity = NOT_EXACT
     data = results()
     claims = {r["strategy"]: (r["lossless"], r["greedy_identity"]) for r in data["results"]}
     assert claims == {"speculative": (False, "not exact on this machine"), "autoregressive": (True, None)}
     assert data["greedy_identity"]["exact"] is False and "down_proj" in data["greedy_identity"]["reasons"][0]
-    session.invariance = Invariance(True, TargetPath("eager", 2))
+    session.engine.identity = Invariance(True, TargetPath("eager", 2))
     claims = {r["strategy"]: (r["lossless"], r["greedy_identity"]) for r in results()["results"]}
     assert claims["speculative"] == (True, "exact")
 
 
 def test_the_banner_and_the_table_say_when_identity_is_not_exact(pair):
-    session = ChatSession(pair.target.tokenizer, pair.target.model, None, pair.end_ids,
+    session = ChatSession(Engine(pair.target.model, pair.target.tokenizer, end_ids=pair.end_ids),
                           ChatSettings(strategies=("autoregressive",)))
-    session.invariance = NOT_EXACT
+    session.engine.identity = NOT_EXACT
     console = Console(width=200, record=True, color_system=None, file=io.StringIO())
     console.print(banner(ModelInfo("t", None, "float32", "cpu"), session, False))
     rows = [ComparisonRow("autoregressive", Stats(), [1, 2, 3]),

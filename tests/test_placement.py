@@ -71,10 +71,10 @@ def test_a_split_target_rolls_a_token_tree_back_layer_by_layer(split):
 
 
 def test_the_banner_says_where_the_layers_went(checkpoints, split):
-    import infer
+    from app.engine import ModelInfo
 
     drafter = load_model(str(checkpoints[1]), device="cpu", dtype="float32", progress=False)
-    info = infer.model_info(LoadedPair(target=split, drafter=drafter, end_ids=()), "t", "d", None)
+    info = ModelInfo.of(LoadedPair(target=split, drafter=drafter, end_ids=()), "t", "d", None)
     assert info.device == "cpu" and info.placement == f"target {split.placement}"
     assert (info.target_spec, info.drafter_spec) == ("t", "d")
 

@@ -12,6 +12,7 @@ from rich.console import Console
 
 import bench
 import infer
+from app.engine import Engine
 from app.flags import decoding
 from app.settings import SETTINGS, Setting, flag_of, word_of
 from chat.app import ChatApp
@@ -34,8 +35,7 @@ def pair(tmp_path_factory):
 
 @pytest.fixture
 def app(pair):
-    session = ChatSession(pair.target.tokenizer, pair.target.model, pair.drafter.model, pair.end_ids,
-                          ChatSettings(max_new_tokens=4))
+    session = ChatSession(Engine.from_pair(pair), ChatSettings(max_new_tokens=4))
     return ChatApp(session, Console(file=io.StringIO(), width=300, color_system=None),
                    ModelInfo("target", "drafter", "float32", "cpu"))
 

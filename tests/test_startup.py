@@ -1,5 +1,6 @@
-"""The start infer.py and bench.py share (app/startup.py): the probe and the calibration run once per machine and are
-read back afterwards, the user's settings stay as given, and each script hears of it in the kinds of line it shows."""
+"""The start every entry point makes through the Engine (app/startup.py, app/engine.py): the probe and the calibration
+run once per machine and are read back afterwards, the user's settings stay as given, each script hears of it in the
+kinds of line it shows, and a compile that fails leaves its model eager and says why."""
 
 from __future__ import annotations
 
@@ -12,8 +13,9 @@ from rich.console import Console
 
 import kernels
 from app.calibration import pair_key
+from app.engine import Engine
 from app.flags import hold_torch_to
-from app.startup import Prepared, Records, Said, compile_step, probe_and_calibrate, records_for, use_kernels
+from app.startup import Records, Said, probe_and_calibrate, records_for, use_kernels
 from chat.app import ChatApp
 from chat.commands import Outcome, dispatch
 from chat.session import ChatSession, ChatSettings, ModelInfo
@@ -46,17 +48,15 @@ def pair(tmp_path_factory):
 
 
 @pytest.fixture
-def session(pair):
-    return ChatSession(pair.target.tokenizer, pair.target.model, pair.drafter.model, pair.end_ids,
-                       ChatSettings(max_new_tokens=4, strategy=StrategySettings(gamma=3)))
+def engine(pair):
+    return Engine.from_pair(pair, settings=StrategySettings(gamma=3), keep=frozenset({"gamma"}))
 
 
-def test_the_start_probes_and_times_once_then_reads_what_it_kept(session, pair, tmp_path):
+def test_the_start_probes_and_times_once_then_reads_what_it_kept(engine, pair, tmp_path):
     records = records_for(pair, tmp_path)
     assert records == Records(tmp_path, pair_key(pair))
     first = Recorder()
-    prepared = probe_and_calibrate(session.target, session.drafter, records, session.settings.strategy,
-                                   frozenset({"gamma"}), report=first)
+    prepared = probe_and_calibrate(engine.target, engine.drafter, records, engine.settings, engine.keep, report=first)
     found = Said.NEWS if prepared.identity.exact else Said.PROBLEM
     assert first.kinds("greedy identity") == [found] and first.kinds("calibrated in") == [Said.NEWS]
     assert len(first.statuses) == 2 and [k for k, _ in first.lines].count(Said.WHY) >= 3
@@ -64,53 +64,61 @@ def test_the_start_probes_and_times_once_then_reads_what_it_kept(session, pair, 
     assert prepared.tuning.kept == ("gamma",)
 
     second = Recorder()
-    again = probe_and_calibrate(session.target, session.drafter, records, session.settings.strategy, report=second)
+    again = probe_and_calibrate(engine.target, engine.drafter, records, engine.settings, report=second)
     kept = Said.KEPT if prepared.identity.exact else Said.PROBLEM
     assert second.kinds("greedy identity") == [kept] and second.kinds("calibration kept") == [Said.KEPT]
     assert again.tuning is not None and again.tuning.calibration == prepared.tuning.calibration
     assert again.identity == prepared.identity
 
     uncalibrated = Recorder()
-    none = probe_and_calibrate(session.target, session.drafter, records, session.settings.strategy,
-                               calibrate=False, report=uncalibrated)
+    none = probe_and_calibrate(engine.target, engine.drafter, records, engine.settings, calibrate=False,
+                               report=uncalibrated)
     assert none.tuning is None and len(uncalibrated.statuses) == 1
 
 
-def test_the_session_adopts_the_start_and_calibrates_again_only_after_one(session, pair, tmp_path):
-    app = ChatApp(session, Console(file=io.StringIO(), width=200, color_system=None),
-                  ModelInfo("target", "drafter", "float32", "cpu"))
+def test_the_session_takes_the_engines_start_and_calibrates_again_only_after_one(engine, pair, tmp_path):
+    def chat() -> ChatApp:
+        session = ChatSession(engine, ChatSettings(max_new_tokens=4, strategy=engine.settings))
+        return ChatApp(session, Console(file=io.StringIO(), width=200, color_system=None),
+                       ModelInfo("target", "drafter", "float32", "cpu"))
+
+    app = chat()
     assert dispatch(app, "/calibrate") is Outcome.CONTINUE
     assert "started with --no-calibrate" in app.console.file.getvalue()
-    prepared = probe_and_calibrate(session.target, session.drafter, records_for(pair, tmp_path),
-                                   session.settings.strategy, frozenset({"gamma"}))
-    session.keep_settings = frozenset({"gamma"})
-    session.adopt(prepared)
-    assert session.invariance == prepared.identity and session.tuning == prepared.tuning
-    assert prepared.tuning is not None and session.settings.strategy == prepared.tuning.settings
-    assert session.records == prepared.records
+    engine.prepare(records_for(pair, tmp_path))
+    assert engine.identity is not None and engine.tuning is not None and engine.settings == engine.tuning.settings
+    assert engine.records == records_for(pair, tmp_path) and engine.settings.gamma == 3  # the user's, kept
+    session = chat().session
+    assert session.invariance == engine.identity and session.tuning == engine.tuning
     tuning = session.calibrate(again=True)
-    assert tuning.measured and session.settings.strategy.gamma == 3
+    assert tuning.measured and session.settings.strategy == tuning.settings and session.settings.strategy.gamma == 3
 
 
-def test_without_calibration_the_session_keeps_its_settings(session, pair, tmp_path):
-    before = session.settings
-    session.adopt(Prepared(probe_and_calibrate(session.target, session.drafter, records_for(pair, tmp_path),
-                                               before.strategy, calibrate=False).identity, None,
-                           records_for(pair, tmp_path)))
-    assert session.settings == before and session.records is None and session.tuning is None
+def test_without_calibration_the_engine_keeps_its_settings(engine, pair, tmp_path):
+    before = engine.settings
+    engine.prepare(records_for(pair, tmp_path), calibrate=False)
+    assert engine.identity is not None
+    assert engine.settings == before and engine.records is None and engine.tuning is None
 
 
-def test_compile_step_is_skipped_unless_wanted_and_says_why_it_failed():
+def test_a_compile_is_skipped_unless_wanted_and_says_why_it_failed(pair):
     report = Recorder()
-    assert compile_step(None, True, report) is None and report.lines == []
+    plain = Engine(pair.target.model, pair.target.tokenizer)
+    assert plain.compile(drafter=True, target=False, report=report) is None
+    assert report.lines == [] and plain.compiles.drafter is None
 
     class Failing:
-        def compile_step(self):
-            raise RuntimeError("no compiler")
+        def compile_step(self, workers=None):
+            raise RuntimeError("no compiler\nmore detail")
 
-    assert compile_step(Failing(), False, report) is None and report.statuses == []
-    assert compile_step(Failing(), True, report) is None
+    failing = Engine.from_pair(pair)
+    failing.drafter = Failing()
+    failing.compile(drafter=False, target=False, report=report)
+    assert report.statuses == [] and failing.compiles.drafter is None
+    failing.compile(drafter=True, target=False, report=report)
+    assert report.statuses == ["compiling the drafter's short forwards …"]
     assert report.lines == [(Said.PROBLEM, "the drafter runs uncompiled: RuntimeError: no compiler")]
+    assert failing.compiles.status("drafter") == "not compiled (RuntimeError: no compiler)"
 
 
 @pytest.mark.skipif(len(kernels.isas()) < 2, reason="needs a CPU that runs two sets of the kernels")
@@ -140,3 +148,27 @@ def test_kernels_flag_holds_torch_to_the_same_instructions_unless_told(monkeypat
     hold_torch_to("avx2")
     assert (os.environ["ATEN_CPU_CAPABILITY"], os.environ["ONEDNN_MAX_CPU_ISA"]) == ("default", "AVX2")
     assert os.environ["TORCHINDUCTOR_CACHE_DIR"].endswith("_default")
+
+
+def test_infer_starts_through_one_engine_load(monkeypatch, capsys):
+    """infer.py's whole start is one `Engine.load` (the flags as its keywords); the one-shot answer comes from it."""
+    import json
+
+    import infer
+    from tests.helpers import tiny_engine
+
+    calls = []
+
+    def load(*args, **kwargs):
+        calls.append(kwargs)
+        return tiny_engine()
+
+    monkeypatch.setattr(Engine, "load", load)
+    code = infer.main(["--target", "tiny-target", "--drafter", "tiny-drafter", "-p", "Hello!", "--json", "-n", "5",
+                       "--strategy", "speculative,autoregressive", "--gamma", "2"])
+    assert code == 0 and len(calls) == 1
+    assert (calls[0]["target"], calls[0]["drafter"], calls[0]["compile"], calls[0]["keep"]) == \
+        ("tiny-target", "tiny-drafter", False, frozenset({"gamma"}))  # one prompt compiles only when asked
+    results = json.loads(capsys.readouterr().out)["results"]
+    assert [r["strategy"] for r in results] == ["speculative", "autoregressive"]
+    assert results[0]["token_ids"] == results[1]["token_ids"] and len(results[0]["token_ids"]) <= 5

@@ -200,7 +200,7 @@ def _answered(row: dict) -> str | tuple[int, ...]:
 
 
 def _chat_ids(tokenizer, prompt: str) -> list[int]:
-    from benchmarks.prompts import chat_ids
+    from app.text import chat_ids
 
     return chat_ids(tokenizer, [{"role": "user", "content": prompt}])
 

@@ -1,4 +1,4 @@
-"""Work on a background thread that can be paused: the chat compiles the drafter's step while it waits for input,
+"""Work on a background thread that can be paused: the engine compiles its models while the chat waits for input,
 and holds the compile while a turn decodes.
 
 A compile beside a decode makes the decode crawl: the compile holds the CPU and, much of the time, the interpreter
