@@ -408,9 +408,9 @@ def test_an_export_file_that_cannot_be_written_is_refused_in_one_line_before_loa
                                                                                        file, message):
     """Bug: these ended in a FileNotFoundError, NotADirectoryError or (a dangling symlink) FileExistsError traceback
     after the models' configs were read."""
-    import app.startup
+    from app.engine import Engine
 
-    monkeypatch.setattr(app.startup, "load", None)  # nothing may load
+    monkeypatch.setattr(Engine, "load", None)  # nothing may load
     (tmp_path / "a-file").write_text("")
     (tmp_path / "dangling.sh").symlink_to(tmp_path / "nowhere")
     argv = ["--target", str(tmp_path / "no-model"), "--export", "vllm", str(tmp_path / file)]
@@ -460,14 +460,14 @@ def test_chat_export_after_a_refused_gamma_carries_the_last_good_one(pair_dirs, 
 
     from rich.console import Console
 
+    from app.engine import Engine
     from chat.app import ChatApp
     from chat.commands import dispatch
     from chat.session import ChatSession, ChatSettings, ModelInfo
     from models.loading import load_pair
 
     pair = load_pair(*map(str, pair_dirs), device="cpu", dtype="float32", progress=False)
-    session = ChatSession(pair.target.tokenizer, pair.target.model, pair.drafter.model, pair.end_ids,
-                          ChatSettings(strategies=("lookup",), max_new_tokens=4))
+    session = ChatSession(Engine.from_pair(pair), ChatSettings(strategies=("lookup",), max_new_tokens=4))
     console = Console(file=io.StringIO(), width=400, color_system=None)
     info = ModelInfo("target", "drafter", "float32", "cpu", target_spec=str(pair_dirs[0]),
                      drafter_spec=str(pair_dirs[1]), cache_dir=tmp_path / "cache")

@@ -299,13 +299,13 @@ def test_the_drafter_strategy_with_a_drafter_of_another_tokenizer_is_refused_bef
         capsys, monkeypatch, checkpoints, tmp_path):
     """Bug: `--preset embedded --drafter smollm2-135m --strategy drafter` loaded both models (45 s) and then ended in
     a ValueError traceback: the tokenizers, read from their files in a second, already tell."""
-    import app.startup
+    from app.engine import Engine
     from tests.helpers import save_tiny_checkpoint, word_tokenizer
 
     def load(*_args, **_kwargs):
         raise Loaded
 
-    monkeypatch.setattr(app.startup, "load", load)
+    monkeypatch.setattr(Engine, "load", load)
     target, same_tokenizer = checkpoints
     other = save_tiny_checkpoint(tmp_path / "other", layers=1, hidden=16, tokenizer=word_tokenizer())
     capsys.readouterr()  # the save's progress bars
