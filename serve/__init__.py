@@ -1,0 +1,11 @@
+"""An OpenAI-compatible HTTP server over one `app.Engine`: /v1/chat/completions, /v1/completions, /v1/models and
+/health, with llama.cpp's `timings` in every answer and a `specchat` extension object that picks the strategy.
+
+    app = create_app(engine, ServeConfig(model_name="smollm2-135m"))
+    run(app, "127.0.0.1", 8080, print)     # or: with Background(app) as server: ... server.url
+"""
+
+from serve.app import ServeConfig, create_app
+from serve.server import Background, run
+
+__all__ = ["Background", "ServeConfig", "create_app", "run"]
