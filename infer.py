@@ -3,6 +3,7 @@
     python infer.py                                  # the REPL on the default preset
     python infer.py --target DIR --drafter DIR       # your own pair (saved dirs, .gguf files, embedded names, Hub ids)
     python infer.py -p "Hello" --json                # one prompt, one JSON object on stdout
+    python infer.py --serve --port 8080              # an OpenAI-compatible server (/v1/chat/completions)
 
 Exit codes: 0 done, 1 the models could not be loaded, 2 bad flags or input, 130 interrupted.
 """
@@ -40,6 +41,7 @@ from app.flags import (
 from chat.undecodable import notice, replace_undecodable
 from models.presets import default_cache_dir
 from sampling.settings import NEEDS_DRAFTER, NEEDS_HEAD, STRATEGIES
+from serve.cli import add_server_flags, check_server_flags
 
 DEFAULT_STRATEGIES = ("auto", "speculative", "autoregressive")  # eagle and medusa: /eagle, /medusa, --strategy
 DEFAULT_MAX_NEW_TOKENS = 256
@@ -94,6 +96,7 @@ def build_parser() -> argparse.ArgumentParser:
                        help="print the command that serves the target with its drafter, head or lookup settings "
                             "(the first drafting --strategy) and --gamma on vllm, sglang or llamacpp, and exit; with "
                             "FILE also write it there as a script (the chat's /export takes the calibrated settings)")
+    add_server_flags(p)
     p.add_argument("--verbose", "-v", action="store_true", help="library warnings and tracebacks")
     return p
 
@@ -132,6 +135,8 @@ def check_flags(args: argparse.Namespace) -> Decoding:
         raise InputError("--json needs --prompt or --prompt-file")
     if args.export is not None:
         check_export(args.export)
+    if (problem := check_server_flags(args)) is not None:
+        raise InputError(problem)
     parse_strategies(args.strategy, has_drafter=True)
     try:
         check_model_names(args)
@@ -327,13 +332,18 @@ def run(args: argparse.Namespace, chosen: Decoding, console: Console, errors: Co
                              settings=chosen.strategy, keep=chosen.explicit, report=ConsoleReport(errors, args.json),
                              compile=args.compile if args.compile is not None or not one_shot else False,
                              background=not one_shot,
-                             yardstick=None if one_shot or args.no_compare else llamacpp_runner(args.cache_dir))
+                             yardstick=None if one_shot or args.serve or args.no_compare
+                             else llamacpp_runner(args.cache_dir))
         strategies = parse_strategies(args.strategy, choice.drafter is not None, frozenset(engine.heads))
     except ModelLoadError as error:
         if args.verbose:
             raise
         errors.print(f"infer.py: error: {error}", style="red", markup=False, soft_wrap=True)
         return LOAD_EXIT
+    if args.serve:
+        from serve.cli import serve_engine
+
+        return serve_engine(engine, args, strategies[0], errors)
     settings = make_settings(args, chosen, strategies, engine.settings)
     if settings.chat_template and not engine.tokenizer.chat_template:
         errors.print("the target's tokenizer has no chat template: raw completion", style="yellow")

@@ -36,6 +36,7 @@ class ServeConfig:
     model_name: str = "specchat"
     strategy: str | None = None  # when a request names none; None: the engine's first
     defaults: Mapping[str, Any] = field(default_factory=dict)  # engine settings a request starts from (the flags')
+    system: str | None = None  # the system prompt of a chat whose messages bring none
     context_length: int | None = None  # bounds max_tokens; None: the engine's `context_length`, if it has one
     queue_size: int = 16  # requests waiting behind the one generating; more get a 503
     max_body_bytes: int = 4 << 20
@@ -114,6 +115,9 @@ async def models(request: Request) -> dict[str, Any]:
 async def chat_completions(request: Request) -> Response:
     body = parse(ChatRequest, await request.body())
     messages = [message.as_engine_message() for message in body.messages]
+    system = _server(request).config.system
+    if system and not any(message["role"] == "system" for message in messages):
+        messages.insert(0, {"role": "system", "content": system})
     return await respond(request, body, messages, ChatShape(_server(request).config.model_name), {})
 
 

@@ -4,9 +4,9 @@ tests and the benchmark, on a port the system chooses."""
 from __future__ import annotations
 
 import ipaddress
+import socket
 import threading
 import time
-from collections.abc import Callable
 
 import uvicorn
 from fastapi import FastAPI
@@ -41,13 +41,18 @@ def url(host: str, port: int) -> str:
     return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
 
 
-def run(app: FastAPI, host: str, port: int, announce: Callable[[str], None], log_level: str = "info") -> None:
-    """Serve `app` until Ctrl-C (uvicorn then closes the open requests and ends the app's lifespan, which stops the
-    generation). `announce` hears the address once the socket is bound (with port 0, the port it was given)."""
-    config = _config(app, host, port, log_level)
-    sock = config.bind_socket()
-    announce(url(host, sock.getsockname()[1]))
-    uvicorn.Server(config).run(sockets=[sock])
+def bind(host: str, port: int) -> socket.socket:
+    """A listening socket on `host` and `port` (0: a free one, read back with getsockname); OSError where the
+    address is taken or not this machine's."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    return socket.create_server((host, port), family=family)
+
+
+def run(app: FastAPI, sock: socket.socket, log_level: str = "info") -> None:
+    """Serve `app` on `sock` until Ctrl-C (uvicorn then closes the open requests and ends the app's lifespan, which
+    stops the generation)."""
+    host, port = sock.getsockname()[:2]
+    uvicorn.Server(_config(app, host, port, log_level)).run(sockets=[sock])
 
 
 class Background:
@@ -55,14 +60,14 @@ class Background:
     `server.url`. Entering waits (at most START_SECONDS) until it answers; leaving stops it."""
 
     def __init__(self, app: FastAPI, host: str = "127.0.0.1", log_level: str = "warning"):
-        self.config = _config(app, host, 0, log_level)
-        self.server = uvicorn.Server(self.config)
+        self.host = host
+        self.server = uvicorn.Server(_config(app, host, 0, log_level))
         self.thread: threading.Thread | None = None
         self.url = ""
 
     def __enter__(self) -> Background:
-        sock = self.config.bind_socket()
-        self.url = url(self.config.host, sock.getsockname()[1])
+        sock = bind(self.host, 0)
+        self.url = url(self.host, sock.getsockname()[1])
         self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [sock]}, name="server",
                                        daemon=True)
         self.thread.start()

@@ -414,7 +414,8 @@ def test_sixteen_concurrent_requests_are_answered_or_refused_with_503(served, en
             answered += 1
     assert answered in (4, 5) and answered + refused == 16  # a queue of four, and one generating if it started
     assert len(engine.streams) == answered and engine.max_active == 1
-    assert request(served.url, "GET", "/health")[2] == {"status": "ok", "generating": False, "waiting": 0}
+    wait_until(lambda: request(served.url, "GET", "/health")[2] == {"status": "ok", "generating": False,
+                                                                     "waiting": 0}, "the server is idle")
     assert request(served.url, "POST", "/v1/chat/completions", chat_body(max_tokens=1))[0] == 200
 
 
