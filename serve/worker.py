@@ -147,7 +147,8 @@ class Worker:
 
 
 def generate(engine: Engine, job: Job) -> None:
-    """Run `job` on `engine`, emitting its pieces and then how it ended; stops early once it is cancelled."""
+    """Run `job` on `engine`, emitting its pieces and then how it ended; stops early once it is cancelled. The end is
+    told once the stream is closed: whoever hears it may use the engine next."""
     try:
         stream = engine.stream(job.prompt, strategy=job.strategy, **job.settings)
         with contextlib.closing(stream):  # closing stops a generation cut short and leaves the caches consistent
@@ -156,6 +157,7 @@ def generate(engine: Engine, job: Job) -> None:
                     return
                 if text:
                     job.emit(Piece(text))
-            job.emit(Finished(stream.reply))
     except Exception as error:  # noqa: BLE001 (any failure is this request's answer; the server goes on)
         job.emit(Failed(error))
+    else:
+        job.emit(Finished(stream.reply))

@@ -422,8 +422,10 @@ def test_sixteen_concurrent_requests_are_answered_or_refused_with_503(served, en
 def test_the_openai_client_sees_503_as_its_overload_error(served, engine):
     engine.hold()
     with ThreadPoolExecutor(5) as pool:
-        held = [pool.submit(request, served.url, "POST", "/v1/chat/completions", chat_body(max_tokens=1))
-                for _ in range(5)]
+        held = [pool.submit(request, served.url, "POST", "/v1/chat/completions", chat_body(max_tokens=1))]
+        wait_until(lambda: engine.active == 1, "the first request generates")
+        held += [pool.submit(request, served.url, "POST", "/v1/chat/completions", chat_body(max_tokens=1))
+                 for _ in range(4)]
         wait_until(lambda: request(served.url, "GET", "/health")[2]["waiting"] == 4, "the queue is full")
         client = openai.OpenAI(base_url=served.url + "/v1", api_key="x", max_retries=0, timeout=DEADLINE)
         with pytest.raises(openai.APIStatusError) as refused:
@@ -503,3 +505,15 @@ def test_config_refuses_an_empty_queue_or_key():
         ServeConfig(queue_size=0)
     with pytest.raises(ValueError, match="empty"):
         ServeConfig(api_key="")
+
+
+def test_the_benchmark_reads_the_same_text_and_count_from_both_kinds_of_answer(served):
+    from benchmarks.serve import summary, through_api
+
+    settings = {"max_new_tokens": 3, "ignore_eos": True, "temperature": 0.0}
+    whole = through_api(served.url, [{"role": "user", "content": "a b"}], "speculative", settings, stream=False)
+    streamed = through_api(served.url, [{"role": "user", "content": "a b"}], "speculative", settings, stream=True)
+    assert whole[:2] == streamed[:2] == ("b a w0 ", 3)
+    lines = summary({"engine": [1.0, 1.0], "api": [1.5, 1.0], "api-stream": [1.0, 3.0]},
+                    {"engine": 10, "api": 10, "api-stream": 10}, 0)
+    assert lines[1].split()[:3] == ["api", "4.00", "tok/s"] and "0.800x" in lines[1] and "+250.0 ms" in lines[1]

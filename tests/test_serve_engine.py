@@ -129,7 +129,8 @@ def test_sixteen_concurrent_requests_get_their_own_answers_or_a_503(served, mode
         if status == 200:
             assert answer["choices"][0]["message"]["content"] == want
             answered += 1
-    assert answered >= 5  # one generating and a queue of four at least: more where some finished meanwhile
+    assert answered >= 4  # a queue of four at least (and one generating, once the worker took it): more where some
+    # finished meanwhile
     wait_until(lambda: request(served.url, "GET", "/health")[2] == {"status": "ok", "generating": False,
                                                                      "waiting": 0}, "the server is idle")
 
@@ -266,6 +267,18 @@ def test_bad_server_flags_exit_2_before_loading(capsys, argv, message):
 
     assert infer.main(argv) == infer.USAGE_EXIT
     assert message in capsys.readouterr().err
+
+
+def test_help_names_the_server_flags_and_checking_them_imports_no_torch(capsys):
+    import infer
+    from tests.helpers import heavy_modules_imported
+
+    with pytest.raises(SystemExit):
+        infer.main(["--help"])
+    text = capsys.readouterr().out
+    for flag in ("--serve", "--host", "--port", "--api-key", "--queue-size"):
+        assert f"{flag} " in text, flag
+    assert heavy_modules_imported("infer", ["--serve", "--port", "70000"]) == []
 
 
 def test_a_taken_port_is_one_line_and_exit_2(capsys, engine):
