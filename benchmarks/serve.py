@@ -59,6 +59,8 @@ def main(argv: list[str]) -> int:
         runs = {"engine": lambda m: direct(engine, m, args.strategy, settings),
                 "api": lambda m: through_api(server.url, m, args.strategy, settings, stream=False),
                 "api-stream": lambda m: through_api(server.url, m, args.strategy, settings, stream=True)}
+        for run in runs.values():  # untimed: first-call costs (allocations, the client's connection) paid once
+            run(prompts[0])
         turn = 0
         for _ in range(args.repeats):
             for messages in prompts:
