@@ -37,7 +37,6 @@ class ServeConfig:
     strategy: str | None = None  # when a request names none; None: the engine's first
     defaults: Mapping[str, Any] = field(default_factory=dict)  # engine settings a request starts from (the flags')
     system: str | None = None  # the system prompt of a chat whose messages bring none
-    context_length: int | None = None  # bounds max_tokens; None: the engine's `context_length`, if it has one
     queue_size: int = 16  # requests waiting behind the one generating; more get a 503
     max_body_bytes: int = 4 << 20
     api_key: str | None = None
@@ -63,7 +62,8 @@ class Server:
 
     @property
     def context_length(self) -> int | None:
-        return self.config.context_length or getattr(self.engine, "context_length", None)
+        """What bounds max_tokens: the engine's context (the shortest of its models')."""
+        return getattr(self.engine, "context_length", None)
 
 
 router = APIRouter()

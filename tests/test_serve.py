@@ -264,6 +264,15 @@ def test_server_defaults_fill_what_a_request_leaves_out(engine):
     assert engine.streams[-1].settings == {"max_new_tokens": 3, "temperature": 0.0}
 
 
+def test_the_servers_system_prompt_leads_a_chat_that_brings_none(engine):
+    with Background(create_app(engine, ServeConfig(system="Be brief."))) as server:
+        request(server.url, "POST", "/v1/chat/completions", chat_body("hi", max_tokens=1))
+        own = [{"role": "developer", "content": "Be long."}, {"role": "user", "content": "hi"}]
+        request(server.url, "POST", "/v1/chat/completions", {"messages": own, "max_tokens": 1})
+    assert engine.prompts[0] == [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "hi"}]
+    assert engine.prompts[1] == [{"role": "system", "content": "Be long."}, {"role": "user", "content": "hi"}]
+
+
 def test_models_and_health(client, served):
     models = client.models.list()
     assert [m.id for m in models.data] == ["fake"]
