@@ -301,7 +301,7 @@ def assert_error(status: int, body, expected_status: int, *words: str) -> None:
     (json.dumps(chat_body(stream="yes")).encode(), ("stream",)),
     (json.dumps(chat_body(n=2)).encode(), ("n=1",)),
     (json.dumps(chat_body(specchat={"strategy": "telepathy"})).encode(), ("telepathy", "speculative")),
-    (json.dumps(chat_body(specchat={"gamma": 0})).encode(), ("gamma", ">= 1")),
+    (json.dumps(chat_body(specchat={"gamma": 0})).encode(), ("gamma", "from 1 to 64")),
     (json.dumps(chat_body(specchat={"gama": 4})).encode(), ("unknown setting 'gama'",)),
     (json.dumps(chat_body(max_tokens=64)).encode(), ("context",)),
     (json.dumps(chat_body(" ".join(["word"] * 70), max_tokens=4)).encode(), ("context",)),
