@@ -24,7 +24,7 @@ from torch import Tensor, nn
 from transformers.cache_utils import CacheLayerMixin
 
 from models import row_attention
-from utils.caching import CachedModel
+from utils.caching import CachedModel, input_device
 from utils.files import checked
 
 CONTEXT = 64  # cached tokens before the probed forwards
@@ -191,10 +191,20 @@ def linear_kinds(model, width: int) -> dict[str, str]:
     generator = torch.Generator().manual_seed(0)
     verdicts = {}
     for kind, (layer, width_in) in kinds.items():
-        x = torch.randn((1, width, width_in), generator=generator).to(model.device, model.dtype)  # as the layers see
+        x = torch.randn((1, width, width_in), generator=generator).to(runs_on(layer, model), model.dtype)
         full = layer(x)
         if not all(torch.equal(layer(x[:, :m]), full[:, :m]) for m in range(2, width)):
             verdicts[kind] = ROWS
         else:
             verdicts[kind] = EXACT if torch.equal(layer(x[:, :1]), full[:, :1]) else LONE_ROW
     return verdicts
+
+
+def runs_on(layer: nn.Module, model: nn.Module) -> torch.device:
+    """Where `layer` computes: the device accelerate's hook moves its inputs to (its weights may be on the meta device,
+    offloaded and read back at each call), else its own weights' device, else where the model's inputs go."""
+    device = getattr(getattr(layer, "_hf_hook", None), "execution_device", None)
+    if device is not None:
+        return torch.device(device)
+    tensor = next(iter([*layer.parameters(recurse=False), *layer.buffers(recurse=False)]), None)
+    return input_device(model) if tensor is None or tensor.device.type == "meta" else tensor.device
