@@ -17,6 +17,7 @@ Each linear layer kind is probed alone as well, to name what breaks where no pat
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 
 import torch
@@ -115,8 +116,11 @@ def apply(lm: CachedModel, path: TargetPath) -> bool:
     return True
 
 
-def probe(lm: CachedModel, width: int = WIDTH, context: int = CONTEXT) -> Invariance:
-    """Try the target's paths on this machine, leave `lm` on the first exact one (else the first), say what broke."""
+def probe(lm: CachedModel, width: int = WIDTH, context: int = CONTEXT,
+          tell: Callable[[str], None] | None = None) -> Invariance:
+    """Try the target's paths on this machine, leave `lm` on the first exact one (else the first), say what broke;
+    `tell` hears each step as it starts (which path, how far, the seconds so far): a path costs about
+    FORWARDS_PER_PATH forwards, a minute or more on a model split by its device map or read from disk."""
     started = time.perf_counter()
     width = max(2, min(width, lm.max_length - context - 1))
     vocab = lm.vocab_size
@@ -124,9 +128,13 @@ def probe(lm: CachedModel, width: int = WIDTH, context: int = CONTEXT) -> Invari
     paths = [TargetPath(a, r) for a in ATTENTION for r in STEP_ROWS]
     tried: dict[str, str] = {}
     chosen = None
-    for path in paths:
+    for number, path in enumerate(paths, 1):
         if not apply(lm, path):
             continue
+        if tell is not None:
+            elapsed = time.perf_counter() - started
+            pace = f", {elapsed / len(tried):.0f} s a path" if tried else ""
+            tell(f"{path} ({number} of {len(paths)}, {elapsed:.0f} s so far{pace})")
         tried[str(path)] = whole_model(lm, ids[:context], ids[context:]) or EXACT
         if tried[str(path)] == EXACT:
             chosen = path
@@ -134,8 +142,13 @@ def probe(lm: CachedModel, width: int = WIDTH, context: int = CONTEXT) -> Invari
     exact = chosen is not None
     path = chosen or paths[0]
     apply(lm, path)
+    if tell is not None:
+        tell(f"each kind of linear layer alone ({time.perf_counter() - started:.0f} s so far)")
     layers = linear_kinds(lm.model, width)
     return Invariance(exact, path, tried, layers, time.perf_counter() - started)
+
+
+FORWARDS_PER_PATH = 2 + WIDTH + 2 * len(VERIFY_WIDTHS) + 2  # context, steps, verifies (and the crops'), tree, prefill
 
 
 @torch.inference_mode()
