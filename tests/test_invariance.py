@@ -92,6 +92,29 @@ def test_rowwise_attention_equals_sdpa_for_chains_and_trees():
                                    sdpa.extend_tree(PROMPT, [6, 9, 12, 15, 18], parents), rtol=0, atol=1e-10)
 
 
+def test_rowwise_attention_gives_each_row_the_layout_a_lone_step_gives_it(monkeypatch):
+    """Regression: the row loop (bfloat16, float64, no kernels) multiplied a view of the query whose strides grew with
+    the number of query rows; a bf16 GEMM may take another path for another layout (SmolLM2 on an AMX Xeon: no exact
+    path). Every operand of a row's products now has the layout it has in the step that decodes that row alone."""
+    layouts: list[tuple] = []
+    matmul = torch.matmul
+
+    def recording(a, b):
+        layouts.append((a.shape, a.stride(), b.shape, b.stride()))
+        return matmul(a, b)
+
+    monkeypatch.setattr(torch, "matmul", recording)
+    heads, key_heads, width, length = 9, 3, 8, 12
+    generator = torch.Generator().manual_seed(0)
+    query = torch.randn(1, heads, 4, width, generator=generator, dtype=torch.float64)
+    key, value = (torch.randn(1, key_heads, length, width, generator=generator, dtype=torch.float64) for _ in "kv")
+    verify, _ = row_attention.rowwise_attention(None, query, key, value, None)
+    verify_layouts, layouts[:] = layouts[-2:], []  # the last row's two products
+    step, _ = row_attention.rowwise_attention(None, query[:, :, -1:].clone(), key, value, None)
+    assert layouts == verify_layouts
+    assert torch.equal(step[:, 0], verify[:, -1])
+
+
 def test_the_probe_finds_an_exact_path_on_invariant_layers_and_speculative_output_is_then_identical():
     target = CachedModel(invariant_model())
     found = invariance.probe(target)
