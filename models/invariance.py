@@ -76,8 +76,9 @@ class Invariance:
         if lone:
             reasons.append(f"the linear layers ({', '.join(lone)}) compute a lone row differently (steps as 2 rows "
                            "avoid that)")
-        if not rows:
-            reasons.append("the attention gives a row other bits with the number of query rows")
+        if not rows:  # each linear kind alone agreed on random rows: the attention, or an operator between them
+            reasons.append("the attention (or an operator between the linear layers, which agree alone) gives a row "
+                           "other bits with the number of query rows")
         return (*reasons, *(f"{path}: {verdict}" for path, verdict in self.tried.items()))
 
     def as_dict(self) -> dict:
@@ -144,7 +145,7 @@ def probe(lm: CachedModel, width: int = WIDTH, context: int = CONTEXT,
     apply(lm, path)
     if tell is not None:
         tell(f"each kind of linear layer alone ({time.perf_counter() - started:.0f} s so far)")
-    layers = linear_kinds(lm.model, width)
+    layers = linear_kinds(lm.model, width, context + width)
     return Invariance(exact, path, tried, layers, time.perf_counter() - started)
 
 
@@ -191,9 +192,10 @@ def cache_rows(lm: CachedModel) -> list[Tensor]:
 
 
 @torch.inference_mode()
-def linear_kinds(model, width: int) -> dict[str, str]:
+def linear_kinds(model, width: int, rows: int | None = None) -> dict[str, str]:
     """Each kind of linear layer (q_proj, ..., lm_head: the first of each name), fed random rows: EXACT, LONE_ROW
-    (one row alone gets other bits than among 2..width, which agree) or ROWS (2..width rows disagree)."""
+    (one row alone gets other bits than among 2..width, which agree) or ROWS (2..width rows disagree with the same
+    rows among `rows`, default width: a first round's prompt and drafts, which a GEMM may block otherwise)."""
     kinds: dict[str, tuple[nn.Module, int]] = {}
     outer = "\0"  # a layer found: what it wraps is not another kind
     for name, module in model.named_modules():
@@ -204,9 +206,10 @@ def linear_kinds(model, width: int) -> dict[str, str]:
     generator = torch.Generator().manual_seed(0)
     verdicts = {}
     for kind, (layer, width_in) in kinds.items():
-        x = torch.randn((1, width, width_in), generator=generator).to(runs_on(layer, model), model.dtype)
+        x = torch.randn((1, max(rows or width, width), width_in), generator=generator).to(runs_on(layer, model),
+                                                                                          model.dtype)
         full = layer(x)
-        if not all(torch.equal(layer(x[:, :m]), full[:, :m]) for m in range(2, width)):
+        if not all(torch.equal(layer(x[:, :m]), full[:, :m]) for m in range(2, width + 1) if m < x.shape[1]):
             verdicts[kind] = ROWS
         else:
             verdicts[kind] = EXACT if torch.equal(layer(x[:, :1]), full[:, :1]) else LONE_ROW

@@ -31,11 +31,12 @@ PROMPT = [5, 17, 42, 8, 5, 17, 42, 9, 33, 5, 17]
 
 class RowByRow(nn.Module):
     """A linear layer computed one row at a time, so row-invariant on any CPU by construction; `lone` is added to a
-    lone row and `per_row` times the row count to every row: the two ways real kernels break invariance."""
+    lone row and `per_row` times the row count to every row: the two ways real kernels break invariance; `wide` to
+    every row of more than 32 (a GEMM that blocks a long prompt otherwise than a verify)."""
 
-    def __init__(self, linear: nn.Linear, lone: float = 0.0, per_row: float = 0.0):
+    def __init__(self, linear: nn.Linear, lone: float = 0.0, per_row: float = 0.0, wide: float = 0.0):
         super().__init__()
-        self.linear, self.lone, self.per_row = linear, lone, per_row
+        self.linear, self.lone, self.per_row, self.wide = linear, lone, per_row, wide
         self.in_features, self.out_features = linear.in_features, linear.out_features
 
     @property
@@ -45,7 +46,7 @@ class RowByRow(nn.Module):
     def forward(self, x):
         rows = x.shape[-2]
         out = torch.cat([self.linear(x[..., i : i + 1, :]) for i in range(rows)], dim=-2)
-        return out + (self.lone if rows == 1 else 0.0) + self.per_row * rows
+        return out + (self.lone if rows == 1 else 0.0) + self.per_row * rows + (self.wide if rows > 32 else 0.0)
 
 
 def invariant_model(dtype=torch.float32, **breaks) -> nn.Module:
@@ -147,6 +148,15 @@ def test_a_kernel_whose_rows_depend_on_their_count_is_named_and_identity_is_not_
     assert "down_proj" in found.reasons[0] and "NOT exact" in found.summary
     assert len(found.tried) == len(invariance.ATTENTION) * len(invariance.STEP_ROWS)
     assert all(verdict.startswith("a verify of ") for verdict in found.tried.values())
+
+
+def test_a_kernel_whose_rows_differ_only_in_a_long_prefill_is_named_not_the_attention():
+    """Regression: the linear layers were fed at most 20 rows, so one whose rows change past 32 (the first round's
+    prompt with its drafts: 84 in the probe) passed alone and the probe blamed the attention."""
+    found = invariance.probe(CachedModel(invariant_model(wide=1e-3)))
+    assert not found.exact and found.layers["down_proj"] == ROWS and found.layers["q_proj"] == invariance.EXACT
+    assert "down_proj" in found.reasons[0] and "attention" not in found.reasons[0]
+    assert any(verdict.startswith("a prefill of ") for verdict in found.tried.values())  # the one forward past 32
 
 
 def test_the_record_is_kept_reused_and_probed_again_when_damaged(tmp_path):
