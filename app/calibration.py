@@ -14,6 +14,7 @@ import math
 import statistics
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
@@ -187,9 +188,11 @@ def calibrate(cache_dir: Path, target: CachedModel, drafter: CachedModel | None,
     return calibration, True, damaged
 
 
-def probe(cache_dir: Path, target: CachedModel, key: dict, again: bool = False) -> tuple[Invariance, bool]:
+def probe(cache_dir: Path, target: CachedModel, key: dict, again: bool = False,
+          tell: Callable[[str], None] | None = None) -> tuple[Invariance, bool]:
     """The target's row-invariance record for `key` (kept, or probed now and kept), its path applied to `target`;
-    True when it was probed now. A kept record whose path this model cannot take is probed again."""
+    True when it was probed now (`tell` hears its steps). A kept record whose path this model cannot take is probed
+    again."""
     path = key_file(cache_dir, key, "invariance")
     kept, damaged = (None, None) if again else read_record(path, key, lambda data: Invariance.from_dict(
         checked("invariance", data["invariance"], dict)), "invariance record", PROBE_SCHEMA, again="probed again")
@@ -197,7 +200,7 @@ def probe(cache_dir: Path, target: CachedModel, key: dict, again: bool = False) 
         print(f"warning: {damaged}", file=sys.stderr)
     if kept is not None and invariance.apply(target, kept.path):
         return kept, False
-    found = invariance.probe(target)
+    found = invariance.probe(target, tell=tell)
     try:
         write_record(path, {"schema": PROBE_SCHEMA, "key": key, "invariance": found.as_dict()})
     except OSError:  # a read-only cache dir: the record still serves this run

@@ -132,16 +132,16 @@ def probe_and_calibrate(target: CachedModel, drafter: CachedModel | None, record
                         again: bool = False, report: Report = SILENT) -> Prepared:
     """Probe the target's path, then (`calibrate`) time the forwards and choose the drafting settings, but those in
     `keep` (the user's); each probed or timed once per machine, models and formats (`again`: anew)."""
-    from app.calibration import probe, tune
+    from app.calibration import tune
     from models.formats import prefetch
 
     if again:  # how far ahead the kernels read: a property of the machine's memory, timed at load, now anew
         with report.status("timing how far ahead the kernels read the weights …"):
             prefetch.tune(target.model, records.cache_dir, again=True, announce=False)
-    with report.status("checking that this machine verifies as it steps (once) …"):
-        identity, probed = probe(records.cache_dir, target, records.key, again=again)
+    identity, probed = probe_identity(target, records, again, report)
+    took = f" (probed in {identity.seconds:.0f} s, kept for this machine)" if probed else ""
     said = Said.NEWS if probed else Said.KEPT
-    report.say(f"greedy identity: {identity.summary}", said if identity.exact else Said.PROBLEM)
+    report.say(f"greedy identity{took}: {identity.summary}", said if identity.exact else Said.PROBLEM)
     if not calibrate:
         return Prepared(identity, None, records)
     with report.status("timing this machine's forwards (once) …"):
@@ -156,3 +156,34 @@ def probe_and_calibrate(target: CachedModel, drafter: CachedModel | None, record
     for reason in tuning.choice.reasons:
         report.say(reason, Said.WHY)
     return Prepared(identity, tuning, records)
+
+
+PROBING = "checking that this machine verifies as it steps (once)"
+
+
+def probe_identity(target: CachedModel, records: Records, again: bool, report: Report) -> tuple[Invariance, bool]:
+    """`app.calibration.probe` with a status for each path it tries. Where it probes anew it first says what that
+    costs: seconds on a model in the project's formats, minutes on one placed by a device map (dense weights, unpacked)
+    or read back from disk."""
+    from app.calibration import probe
+    from models.invariance import ATTENTION, FORWARDS_PER_PATH, STEP_ROWS
+
+    with contextlib.ExitStack() as shown:
+        def tell(step: str) -> None:
+            shown.close()  # the previous step's status ends as the next one begins
+            shown.enter_context(report.status(f"{PROBING}: {step} …"))
+
+        if again or not probe_kept(records):
+            report.say(f"{PROBING}: up to {len(ATTENTION) * len(STEP_ROWS)} paths of about {FORWARDS_PER_PATH} "
+                        "forwards each, until one is exact (minutes on a model placed by a device map); kept for this "
+                        "machine", Said.NEWS)
+        shown.enter_context(report.status(f"{PROBING} …"))
+        return probe(records.cache_dir, target, records.key, again=again, tell=tell)
+
+
+def probe_kept(records: Records) -> bool:
+    """Whether an earlier run kept a probe record for this key (a cheap look: the probe checks it properly)."""
+    from utils.files import key_file
+
+    return key_file(records.cache_dir, records.key, "invariance").is_file()
+

@@ -17,6 +17,7 @@ Each linear layer kind is probed alone as well, to name what breaks where no pat
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 
 import torch
@@ -24,7 +25,7 @@ from torch import Tensor, nn
 from transformers.cache_utils import CacheLayerMixin
 
 from models import row_attention
-from utils.caching import CachedModel
+from utils.caching import CachedModel, input_device
 from utils.files import checked
 
 CONTEXT = 64  # cached tokens before the probed forwards
@@ -75,8 +76,9 @@ class Invariance:
         if lone:
             reasons.append(f"the linear layers ({', '.join(lone)}) compute a lone row differently (steps as 2 rows "
                            "avoid that)")
-        if not rows:
-            reasons.append("the attention gives a row other bits with the number of query rows")
+        if not rows:  # each linear kind alone agreed on random rows: the attention, or an operator between them
+            reasons.append("the attention (or an operator between the linear layers, which agree alone) gives a row "
+                           "other bits with the number of query rows")
         return (*reasons, *(f"{path}: {verdict}" for path, verdict in self.tried.items()))
 
     def as_dict(self) -> dict:
@@ -115,8 +117,11 @@ def apply(lm: CachedModel, path: TargetPath) -> bool:
     return True
 
 
-def probe(lm: CachedModel, width: int = WIDTH, context: int = CONTEXT) -> Invariance:
-    """Try the target's paths on this machine, leave `lm` on the first exact one (else the first), say what broke."""
+def probe(lm: CachedModel, width: int = WIDTH, context: int = CONTEXT,
+          tell: Callable[[str], None] | None = None) -> Invariance:
+    """Try the target's paths on this machine, leave `lm` on the first exact one (else the first), say what broke;
+    `tell` hears each step as it starts (which path, how far, the seconds so far): a path costs about
+    FORWARDS_PER_PATH forwards, a minute or more on a model split by its device map or read from disk."""
     started = time.perf_counter()
     width = max(2, min(width, lm.max_length - context - 1))
     vocab = lm.vocab_size
@@ -124,9 +129,13 @@ def probe(lm: CachedModel, width: int = WIDTH, context: int = CONTEXT) -> Invari
     paths = [TargetPath(a, r) for a in ATTENTION for r in STEP_ROWS]
     tried: dict[str, str] = {}
     chosen = None
-    for path in paths:
+    for number, path in enumerate(paths, 1):
         if not apply(lm, path):
             continue
+        if tell is not None:
+            elapsed = time.perf_counter() - started
+            pace = f", {elapsed / len(tried):.0f} s a path" if tried else ""
+            tell(f"{path} ({number} of {len(paths)}, {elapsed:.0f} s so far{pace})")
         tried[str(path)] = whole_model(lm, ids[:context], ids[context:]) or EXACT
         if tried[str(path)] == EXACT:
             chosen = path
@@ -134,8 +143,13 @@ def probe(lm: CachedModel, width: int = WIDTH, context: int = CONTEXT) -> Invari
     exact = chosen is not None
     path = chosen or paths[0]
     apply(lm, path)
-    layers = linear_kinds(lm.model, width)
+    if tell is not None:
+        tell(f"each kind of linear layer alone ({time.perf_counter() - started:.0f} s so far)")
+    layers = linear_kinds(lm.model, width, context + width)
     return Invariance(exact, path, tried, layers, time.perf_counter() - started)
+
+
+FORWARDS_PER_PATH = 2 + WIDTH + 2 * len(VERIFY_WIDTHS) + 2  # context, steps, verifies (and the crops'), tree, prefill
 
 
 @torch.inference_mode()
@@ -178,9 +192,10 @@ def cache_rows(lm: CachedModel) -> list[Tensor]:
 
 
 @torch.inference_mode()
-def linear_kinds(model, width: int) -> dict[str, str]:
+def linear_kinds(model, width: int, rows: int | None = None) -> dict[str, str]:
     """Each kind of linear layer (q_proj, ..., lm_head: the first of each name), fed random rows: EXACT, LONE_ROW
-    (one row alone gets other bits than among 2..width, which agree) or ROWS (2..width rows disagree)."""
+    (one row alone gets other bits than among 2..width, which agree) or ROWS (2..width rows disagree with the same
+    rows among `rows`, default width: a first round's prompt and drafts, which a GEMM may block otherwise)."""
     kinds: dict[str, tuple[nn.Module, int]] = {}
     outer = "\0"  # a layer found: what it wraps is not another kind
     for name, module in model.named_modules():
@@ -191,10 +206,21 @@ def linear_kinds(model, width: int) -> dict[str, str]:
     generator = torch.Generator().manual_seed(0)
     verdicts = {}
     for kind, (layer, width_in) in kinds.items():
-        x = torch.randn((1, width, width_in), generator=generator).to(model.device, model.dtype)  # as the layers see
+        x = torch.randn((1, max(rows or width, width), width_in), generator=generator).to(runs_on(layer, model),
+                                                                                          model.dtype)
         full = layer(x)
-        if not all(torch.equal(layer(x[:, :m]), full[:, :m]) for m in range(2, width)):
+        if not all(torch.equal(layer(x[:, :m]), full[:, :m]) for m in range(2, width + 1) if m < x.shape[1]):
             verdicts[kind] = ROWS
         else:
             verdicts[kind] = EXACT if torch.equal(layer(x[:, :1]), full[:, :1]) else LONE_ROW
     return verdicts
+
+
+def runs_on(layer: nn.Module, model: nn.Module) -> torch.device:
+    """Where `layer` computes: the device accelerate's hook moves its inputs to (its weights may be on the meta device,
+    offloaded and read back at each call), else its own weights' device, else where the model's inputs go."""
+    device = getattr(getattr(layer, "_hf_hook", None), "execution_device", None)
+    if device is not None:
+        return torch.device(device)
+    tensor = next(iter([*layer.parameters(recurse=False), *layer.buffers(recurse=False)]), None)
+    return input_device(model) if tensor is None or tensor.device.type == "meta" else tensor.device

@@ -180,7 +180,7 @@ def _load_placed(spec: str, placement: Placement, dtype: str, quantize: str, tru
     with _transformers_progress(progress):
         source = _resolve_source(spec, cache_root, progress, verify)
         try:
-            device_map = plan(source.location, placement, torch_dtype, trust_remote_code, _hub_offline())
+            device_map = plan(source.location, placement, torch_dtype, trust_remote_code, _hub_offline(), source.name)
         except (OSError, ValueError) as error:
             raise _load_failure(spec, source, error) from error
         model, tokenizer = _from_pretrained(spec, source, torch_dtype, trust_remote_code, device_map=device_map,

@@ -80,15 +80,18 @@ def gib(size: float) -> str:
     return f"{size / 2**30:.2f} GiB" if size >= 2**27 else f"{size / 2**20:.1f} MiB"
 
 
-def plan(location: str, placement: Placement, dtype: Any, trust_remote_code: bool, local_only: bool
-         ) -> dict[str, int | str] | str:
-    """The device map `from_pretrained` gets: accelerate's for "auto"/"balanced" (computed on an empty model of this
-    config and dtype), else the device name. ModelLoadError (one line) where it cannot hold the model."""
+def plan(location: str, placement: Placement, dtype: Any, trust_remote_code: bool, local_only: bool,
+         name: str = "") -> dict[str, int | str] | str:
+    """The device map `from_pretrained` gets for the model `name` (its folder's name if not given): accelerate's for
+    "auto"/"balanced" (computed on an empty model of this config and dtype), else the device name. ModelLoadError
+    (one line) where it cannot hold the model or names a device this machine lacks."""
     import torch
     from accelerate import infer_auto_device_map, init_empty_weights
     from accelerate.utils import compute_module_sizes, get_balanced_memory, get_max_memory
     from transformers import AutoConfig, AutoModelForCausalLM
 
+    name = name or Path(location).name
+    check_memory_devices(placement.max_memory)
     config = AutoConfig.from_pretrained(location, trust_remote_code=trust_remote_code, local_files_only=local_only)
     with init_empty_weights():
         empty = AutoModelForCausalLM.from_config(config, dtype=dtype, trust_remote_code=trust_remote_code)
@@ -97,7 +100,7 @@ def plan(location: str, placement: Placement, dtype: Any, trust_remote_code: boo
         key = (device.index or 0) if device.type == "cuda" else device.type
         total, room = compute_module_sizes(empty, dtype=dtype)[""], get_max_memory().get(key)
         if room is not None and total > room:
-            raise ModelLoadError(f"{Path(location).name} does not fit {placement.device_map}: {gib(total)} of weights, "
+            raise ModelLoadError(f"{name} does not fit {placement.device_map}: {gib(total)} of weights, "
                                  f"{gib(room)} free. Fix: --device-map auto (with --offload-dir DIR for what fits "
                                  "nowhere).")
         return placement.device_map
@@ -111,10 +114,26 @@ def plan(location: str, placement: Placement, dtype: Any, trust_remote_code: boo
     if on_disk and placement.offload_dir is None:
         total = compute_module_sizes(empty, dtype=dtype)[""]
         room = sum(size for device, size in memory.items() if device != "disk")
-        raise ModelLoadError(f"the device map cannot hold {Path(location).name}: {gib(total)} of weights, "
+        raise ModelLoadError(f"the device map cannot hold {name}: {gib(total)} of weights, "
                              f"{gib(room)} of room ({_memory_text(memory)}), {len(on_disk)} module(s) left over. "
                              "Fix: give --offload-dir DIR for the rest, or more --max-memory.")
     return device_map
+
+
+def check_memory_devices(max_memory: dict[int | str, int], flag: str = "--max-memory") -> None:
+    """ModelLoadError (one line) where `max_memory` gives room on a GPU (or MPS) this machine does not have: accelerate
+    would place layers there and fail on the first one."""
+    import torch
+
+    gpus = [device for device in max_memory if isinstance(device, int)]
+    count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    missing = [device for device in gpus if device >= count]
+    if missing:
+        seen = f"only {count} CUDA GPU(s) exist" if count else f"torch {torch.__version__} sees no CUDA GPU"
+        raise ModelLoadError(f"{flag} gives room on GPU {missing[0]} but {seen}; name cpu=SIZE (and disk with "
+                             "--offload-dir), or install a CUDA build of torch.")
+    if "mps" in max_memory and not torch.backends.mps.is_available():
+        raise ModelLoadError(f"{flag} gives room on mps but this machine has no usable MPS; name cpu=SIZE instead.")
 
 
 def _memory_text(memory: dict) -> str:

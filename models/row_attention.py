@@ -47,7 +47,9 @@ def rowwise_attention(module, query: Tensor, key: Tensor, value: Tensor, attenti
             else:
                 where = seen[i].nonzero()[:, 0]
                 k, v = key[b].index_select(1, where), value[b].index_select(1, where)
-            q = query[b, :, i].reshape(key_heads, heads // key_heads, width)  # (Hkv, groups, D)
+            # (Hkv, groups, D), contiguous: as a view its strides would grow with the number of query rows, and a
+            # bf16 GEMM (oneDNN on AMX) may take another path, with other bits, for another layout
+            q = query[b, :, i].reshape(key_heads, heads // key_heads, width).contiguous()
             weights = torch.softmax(torch.matmul(q, k.transpose(-1, -2)) * scale, dim=-1, dtype=softmax_dtype)
             out[b, i] = torch.matmul(weights.to(v.dtype), v).reshape(heads, -1)
     return out, None

@@ -32,11 +32,12 @@ PROMPT = [5, 17, 42, 8, 5, 17, 42, 9, 33, 5, 17]
 
 class RowByRow(nn.Module):
     """A linear layer computed one row at a time, so row-invariant on any CPU by construction; `lone` is added to a
-    lone row and `per_row` times the row count to every row: the two ways real kernels break invariance."""
+    lone row and `per_row` times the row count to every row: the two ways real kernels break invariance; `wide` to
+    every row of more than 32 (a GEMM that blocks a long prompt otherwise than a verify)."""
 
-    def __init__(self, linear: nn.Linear, lone: float = 0.0, per_row: float = 0.0):
+    def __init__(self, linear: nn.Linear, lone: float = 0.0, per_row: float = 0.0, wide: float = 0.0):
         super().__init__()
-        self.linear, self.lone, self.per_row = linear, lone, per_row
+        self.linear, self.lone, self.per_row, self.wide = linear, lone, per_row, wide
         self.in_features, self.out_features = linear.in_features, linear.out_features
 
     @property
@@ -46,7 +47,7 @@ class RowByRow(nn.Module):
     def forward(self, x):
         rows = x.shape[-2]
         out = torch.cat([self.linear(x[..., i : i + 1, :]) for i in range(rows)], dim=-2)
-        return out + (self.lone if rows == 1 else 0.0) + self.per_row * rows
+        return out + (self.lone if rows == 1 else 0.0) + self.per_row * rows + (self.wide if rows > 32 else 0.0)
 
 
 def invariant_model(dtype=torch.float32, **breaks) -> nn.Module:
@@ -93,6 +94,29 @@ def test_rowwise_attention_equals_sdpa_for_chains_and_trees():
                                    sdpa.extend_tree(PROMPT, [6, 9, 12, 15, 18], parents), rtol=0, atol=1e-10)
 
 
+def test_rowwise_attention_gives_each_row_the_layout_a_lone_step_gives_it(monkeypatch):
+    """Regression: the row loop (bfloat16, float64, no kernels) multiplied a view of the query whose strides grew with
+    the number of query rows; a bf16 GEMM may take another path for another layout (SmolLM2 on an AMX Xeon: no exact
+    path). Every operand of a row's products now has the layout it has in the step that decodes that row alone."""
+    layouts: list[tuple] = []
+    matmul = torch.matmul
+
+    def recording(a, b):
+        layouts.append((a.shape, a.stride(), b.shape, b.stride()))
+        return matmul(a, b)
+
+    monkeypatch.setattr(torch, "matmul", recording)
+    heads, key_heads, width, length = 9, 3, 8, 12
+    generator = torch.Generator().manual_seed(0)
+    query = torch.randn(1, heads, 4, width, generator=generator, dtype=torch.float64)
+    key, value = (torch.randn(1, key_heads, length, width, generator=generator, dtype=torch.float64) for _ in "kv")
+    verify, _ = row_attention.rowwise_attention(None, query, key, value, None)
+    verify_layouts, layouts[:] = layouts[-2:], []  # the last row's two products
+    step, _ = row_attention.rowwise_attention(None, query[:, :, -1:].clone(), key, value, None)
+    assert layouts == verify_layouts
+    assert torch.equal(step[:, 0], verify[:, -1])
+
+
 def test_the_probe_finds_an_exact_path_on_invariant_layers_and_speculative_output_is_then_identical():
     target = CachedModel(invariant_model())
     found = invariance.probe(target)
@@ -125,6 +149,15 @@ def test_a_kernel_whose_rows_depend_on_their_count_is_named_and_identity_is_not_
     assert "down_proj" in found.reasons[0] and "NOT exact" in found.summary
     assert len(found.tried) == len(invariance.ATTENTION) * len(invariance.STEP_ROWS)
     assert all(verdict.startswith("a verify of ") for verdict in found.tried.values())
+
+
+def test_a_kernel_whose_rows_differ_only_in_a_long_prefill_is_named_not_the_attention():
+    """Regression: the linear layers were fed at most 20 rows, so one whose rows change past 32 (the first round's
+    prompt with its drafts: 84 in the probe) passed alone and the probe blamed the attention."""
+    found = invariance.probe(CachedModel(invariant_model(wide=1e-3)))
+    assert not found.exact and found.layers["down_proj"] == ROWS and found.layers["q_proj"] == invariance.EXACT
+    assert "down_proj" in found.reasons[0] and "attention" not in found.reasons[0]
+    assert any(verdict.startswith("a prefill of ") for verdict in found.tried.values())  # the one forward past 32
 
 
 def test_the_record_is_kept_reused_and_probed_again_when_damaged(tmp_path):

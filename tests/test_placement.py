@@ -5,12 +5,14 @@ loading; the flags' words; the refusal of kernel formats; on a GPU, a split acro
 from __future__ import annotations
 
 import argparse
+import json
 
 import pytest
 import torch
 
 from app.calibration import pair_key
 from app.flags import FlagError, add_model_flags, check_model_names, model_choice
+from models import invariance
 from models.loading import LoadedPair, load_model, load_pair
 from models.placement import Placement, check_device_map_name, describe, parse_max_memory
 from models.presets import ModelLoadError, resolve_preset
@@ -59,6 +61,36 @@ def test_a_split_target_decodes_greedy_identical_to_the_whole_one(checkpoints, s
     assert outputs[1] == outputs[0]
 
 
+@pytest.fixture(scope="module")
+def on_disk(checkpoints, tmp_path_factory):
+    """The target with no room on the CPU: every layer, the embedding first, offloaded to disk (meta weights)."""
+    placement = Placement("auto", {"cpu": 1024}, tmp_path_factory.mktemp("all-offloaded"))
+    return load_model(str(checkpoints[0]), dtype="float32", progress=False, placement=placement)
+
+
+def test_a_target_all_on_disk_starts_and_answers_as_the_whole_one(checkpoints, on_disk, tmp_path, capsys):
+    """Regression: the start's identity probe fed the linear layers on the first weight's device, meta for a model
+    whose embedding is offloaded: "Cannot copy out of meta tensor" instead of an answer. Here the whole start (load,
+    probe, calibration) and a one-shot answer, through infer.py, with and without the device map."""
+    import infer
+
+    assert set(on_disk.model.hf_device_map.values()) == {"disk"}
+    assert next(on_disk.model.parameters()).device.type == "meta"
+    base = ["--target", str(checkpoints[0]), "--drafter", "none", "--dtype", "float32", "--prompt", "hi", "--json",
+            "-n", "12", "--strategy", "autoregressive", "--no-chat", "--cache-dir", str(tmp_path / "cache")]
+    placed = ["--device-map", "auto", "--max-memory", "cpu=1KiB", "--offload-dir", str(tmp_path / "offload")]
+    answers = []
+    for argv in (base + ["--device", "cpu"], base + placed):
+        assert infer.main(argv) == 0
+        answers.append(json.loads(capsys.readouterr().out)["results"][0]["token_ids"])
+    assert len(answers[0]) == 12 and answers[1] == answers[0]
+
+
+def test_the_probe_runs_on_a_target_all_on_disk(on_disk):
+    found = invariance.probe(CachedModel(on_disk.model), width=4)
+    assert found.layers and found.tried
+
+
 def test_a_split_target_rolls_a_token_tree_back_layer_by_layer(split):
     """`keep` moves a tree's accepted rows in every layer's cache on that layer's device, like a fresh forward."""
     lm = CachedModel(split.model)
@@ -102,6 +134,27 @@ def test_a_device_too_small_for_the_whole_model_says_so_before_loading(checkpoin
     monkeypatch.setattr(accelerate.utils, "get_max_memory", lambda max_memory=None: {"cpu": 10_000})
     with pytest.raises(ModelLoadError, match="does not fit cpu: .* 0.0 MiB free. Fix: --device-map auto"):
         load_model(str(checkpoints[0]), dtype="float32", progress=False, placement=Placement("cpu"))
+
+
+def test_a_refusal_names_the_model_not_its_converted_folder(monkeypatch):
+    """Regression: the embedded SmolLM2 is read from its converted copy's folder `hf`, and the refusal said "hf does not
+    fit cpu"."""
+    import accelerate.utils
+
+    monkeypatch.setattr(accelerate.utils, "get_max_memory", lambda max_memory=None: {"cpu": 10_000})
+    with pytest.raises(ModelLoadError) as error:
+        load_model("smollm2-135m", dtype="float32", progress=False, placement=Placement("cpu"))
+    assert str(error.value).lower().startswith("smollm2"), str(error.value)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without a CUDA GPU")
+def test_max_memory_on_a_gpu_this_machine_lacks_is_one_line(checkpoints):
+    """Regression: --max-memory 0=20GiB without a GPU reached transformers, whose RuntimeError ("Cannot access
+    accelerator device") came out as a traceback."""
+    with pytest.raises(ModelLoadError) as error:
+        load_model(str(checkpoints[0]), dtype="float32", progress=False, placement=Placement("auto", {0: 2**30}))
+    message = str(error.value)
+    assert "GPU 0" in message and "cpu=SIZE" in message and "\n" not in message
 
 
 def test_a_kernel_format_with_a_device_map_is_refused_in_one_line(checkpoints):

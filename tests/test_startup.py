@@ -19,9 +19,12 @@ from app.startup import Records, Said, probe_and_calibrate, records_for, use_ker
 from chat.app import ChatApp
 from chat.commands import Outcome, dispatch
 from chat.session import ChatSession, ChatSettings, ModelInfo
+from models.loading import load_model
+from models.placement import Placement
 from models.presets import ModelLoadError
 from sampling.settings import StrategySettings
-from tests.helpers import load_tiny_pair
+from tests.helpers import load_tiny_pair, save_tiny_checkpoint
+from utils.caching import CachedModel
 
 
 class Recorder:
@@ -58,8 +61,10 @@ def test_the_start_probes_and_times_once_then_reads_what_it_kept(engine, pair, t
     first = Recorder()
     prepared = probe_and_calibrate(engine.target, engine.drafter, records, engine.settings, engine.keep, report=first)
     found = Said.NEWS if prepared.identity.exact else Said.PROBLEM
+    assert first.kinds("checking that this machine") == [Said.NEWS]  # what the probe costs, said first
     assert first.kinds("greedy identity") == [found] and first.kinds("calibrated in") == [Said.NEWS]
-    assert len(first.statuses) == 2 and [k for k, _ in first.lines].count(Said.WHY) >= 3
+    tried = len(prepared.identity.tried)  # a status for the probe, each path it tried, the linear layers, the timing
+    assert len(first.statuses) == 1 + tried + 1 + 1 and [k for k, _ in first.lines].count(Said.WHY) >= 3
     assert prepared.tuning is not None and prepared.tuning.settings.gamma == 3  # the user's, kept
     assert prepared.tuning.kept == ("gamma",)
 
@@ -172,3 +177,27 @@ def test_infer_starts_through_one_engine_load(monkeypatch, capsys):
     results = json.loads(capsys.readouterr().out)["results"]
     assert [r["strategy"] for r in results] == ["speculative", "autoregressive"]
     assert results[0]["token_ids"] == results[1]["token_ids"] and len(results[0]["token_ids"]) <= 5
+
+
+def test_the_probe_on_a_placed_model_says_its_cost_each_path_and_the_seconds_it_took(tmp_path):
+    """Regression: on a model placed by a device map the one-time probe ran for minutes under one unchanging status;
+    now the start says its cost first, each path as it is tried, and the seconds it took, and a second start (the
+    record kept) says none of that."""
+    checkpoint = save_tiny_checkpoint(tmp_path / "target")
+    placed = load_model(str(checkpoint), dtype="float32", progress=False, placement=Placement("auto", {"cpu": 2**30}))
+    target = CachedModel(placed.model)
+    records = Records(tmp_path / "cache", {"model": "placed"})
+    first = Recorder()
+    prepared = probe_and_calibrate(target, None, records, StrategySettings(), calibrate=False, report=first)
+    cost = first.lines[0]
+    assert cost[0] is Said.NEWS and "paths of about" in cost[1] and "device map" in cost[1]
+    steps = first.statuses[1:]
+    assert len(steps) == len(prepared.identity.tried) + 1
+    tried = zip(prepared.identity.tried, steps[:-1], strict=True)
+    assert all(f"{path} ({n} of " in step for n, (path, step) in enumerate(tried, 1))
+    assert "linear layer" in steps[-1]
+    assert f"probed in {prepared.identity.seconds:.0f} s" in first.lines[-1][1]
+
+    second = Recorder()
+    probe_and_calibrate(target, None, records, StrategySettings(), calibrate=False, report=second)
+    assert len(second.statuses) == 1 and len(second.lines) == 1 and "probed in" not in second.lines[0][1]
