@@ -313,8 +313,8 @@ def run(args: argparse.Namespace, chosen: Decoding, console: Console, errors: Co
         quiet_libraries()
     from app.engine import Engine
     from app.startup import load_options
-    from chat.app import ChatApp
     from chat.oneshot import run_oneshot
+    from chat.repl import ChatRepl
     from chat.session import ChatSession
     from models.presets import ModelLoadError, resolve_preset
 
@@ -353,8 +353,8 @@ def run(args: argparse.Namespace, chosen: Decoding, console: Console, errors: Co
             return run_oneshot(session, engine.info, prompt, console, json_out)
         except ValueError as error:  # the prompt does not fit the context
             raise InputError(str(error)) from None
-    app = ChatApp(session, console, engine.info, history_file(args.cache_dir), compare=not args.no_compare,
-                  debug=args.debug)
+    app = ChatRepl(session, console, engine.info, history_file(args.cache_dir), compare=not args.no_compare,
+                   debug=args.debug)
     return app.run()
 
 

@@ -8,6 +8,11 @@ import inspect
 from app.settings import processor_params
 from utils.logits_processor import PROCESSORS, LogitsProcessor
 
+# What Tab completes for a command's argument (`Command.completes`), besides a tuple of the words it takes.
+FILE = "file"
+COMMAND = "command"
+STRATEGY_LIST = "strategies"
+
 
 class UsageError(ValueError):
     """A command's argument is wrong; the message says what is expected."""

@@ -22,8 +22,8 @@ from rich.text import Text
 
 from app.export import ENGINES, export, serving
 from app.settings import SETTINGS, on_off, word_of
-from chat import setting_commands
-from chat.arguments import UsageError, parse_switch, plural
+from chat import message_commands, setting_commands
+from chat.arguments import COMMAND, FILE, STRATEGY_LIST, UsageError, parse_switch, plural
 from chat.render import comparison_table, detail_table, running, say, totals_table, turn_rows, warn
 from chat.session import ChatSession, ModelInfo
 from chat.transcript import transcript, transcript_markdown, write_file
@@ -31,8 +31,10 @@ from chat.turn import Turn
 from models.presets import ModelLoadError
 from sampling.settings import NEEDS_DRAFTER, NEEDS_HEAD, STRATEGIES
 from utils.checks import SettingError
+from utils.logits_processor import PROCESSORS
 
 FORCE = "--force"  # /save FILE --force: replace an existing file
+SWITCH = ("on", "off")
 
 
 class Outcome(Enum):
@@ -50,6 +52,14 @@ class Context(Protocol):
     commands: dict[str, Command]
     compare: bool
     debug: bool
+    pending: message_commands.Pending  # text /read holds for the next message
+    earlier: list[dict]  # the turns of a conversation resumed with /load, as its file has them
+
+    def send(self, text: str) -> Turn | None: ...
+
+    def regen(self) -> Turn | None: ...
+
+    def last_message(self) -> str | None: ...
 
 
 @dataclass(frozen=True)
@@ -60,6 +70,7 @@ class Command:
     help: str
     value: Callable[[Context], str] | None = None  # the current setting, shown by /help
     aliases: tuple[str, ...] = ()
+    completes: tuple[str | tuple[str, ...], ...] = ()  # what Tab offers for each argument: FILE, COMMAND, ... or words
 
 
 # ---------------------------------------------------------------------------------------------
@@ -78,9 +89,11 @@ def _help(ctx: Context, arg: str) -> None:
     for command in dict.fromkeys(ctx.commands.values()):  # each command once, aliases included
         table.add_row(Text(command.usage), Text(command.help), Text(command.value(ctx) if command.value else ""))
     ctx.console.print(table)
-    ctx.console.print("Type a message to chat; start it with // to send a line that begins with /. End a line with "
-                      "\\ to continue on the next. Ctrl-C stops a generation (the first strategy's partial answer is "
-                      "kept), Ctrl-D quits.", style="dim")
+    ctx.console.print("Type a message to chat; Enter sends it, Alt+Enter (or Esc then Enter) adds a line, a paste is "
+                      "one message. \"\"\" opens and closes a block of lines; a line ending in \\ goes on on the next; "
+                      "start a message with // to send one that begins with /. Tab completes commands, strategy names "
+                      "and file paths. Ctrl-C stops a generation (the first strategy's partial answer is kept), Ctrl-D "
+                      "quits.", style="dim")
 
 
 def _quit(ctx: Context, arg: str) -> Outcome:
@@ -220,7 +233,7 @@ def _save(ctx: Context, arg: str) -> None:
     path = Path(name).expanduser()
     if path.is_dir():
         raise UsageError(f"{name} is a directory; give a file name")
-    record = transcript(ctx.session, ctx.info, ctx.turns)
+    record = transcript(ctx.session, ctx.info, ctx.turns, ctx.compare, ctx.earlier)
     text = json.dumps(record, indent=2, ensure_ascii=False) + "\n" if path.suffix == ".json" else \
         transcript_markdown(record)
     try:
@@ -283,23 +296,23 @@ def _save_arguments(arg: str) -> tuple[str, bool]:
 def build_commands(strategies: tuple[str, ...] = STRATEGIES) -> dict[str, Command]:
     s = lambda ctx: ctx.session.settings  # noqa: E731 (the value columns below read better short)
     head = [
-        Command("help", _help, "/help [COMMAND]", "this list, or one command's usage"),
+        Command("help", _help, "/help [COMMAND]", "this list, or one command's usage", completes=(COMMAND,)),
         Command("quit", _quit, "/quit", "leave (also /exit, Ctrl-D)", aliases=("exit",)),
         Command("strategies", _strategies, "/strategies [A,B,...]",
                 "set the enabled strategies in order (the first one's answer goes into the history)",
-                lambda ctx: ", ".join(s(ctx).strategies)),
+                lambda ctx: ", ".join(s(ctx).strategies), completes=(STRATEGY_LIST,)),
     ]
     toggles = [Command(name, _toggle_strategy(name), f"/{name} [on|off]",
                        f"toggle the {name} strategy" + (" (needs a drafter)" * (name in NEEDS_DRAFTER))
                        + (f" (needs a trained {name} head)" * (name in NEEDS_HEAD)),
-                       lambda ctx, name=name: _strategy_state(ctx.session, name))
+                       lambda ctx, name=name: _strategy_state(ctx.session, name), completes=(SWITCH,))
                for name in strategies]
     rest = [
         Command("compare", _compare, "/compare [on|off]",
                 "on: every prompt runs all enabled strategies and shows the comparison table; off: only the first",
-                lambda ctx: on_off(ctx.compare)),
+                lambda ctx: on_off(ctx.compare), completes=(SWITCH,)),
         Command("chat", _chat, "/chat [on|off]", "chat template on, or raw completion of each prompt",
-                lambda ctx: on_off(ctx.session.uses_template)),
+                lambda ctx: on_off(ctx.session.uses_template), completes=(SWITCH,)),
         Command("system", _system, "/system [TEXT|off]", "set, show or remove the system prompt",
                 lambda ctx: s(ctx).system or "none"),
         Command("reset", _reset, "/reset", "clear the conversation history (and the n-gram store)"),
@@ -307,20 +320,32 @@ def build_commands(strategies: tuple[str, ...] = STRATEGIES) -> dict[str, Comman
                 lambda ctx: plural(len(ctx.session.history) // 2, "turn")),
         Command("debug", _debug, "/debug [on|off]",
                 "colour tokens: accepted drafts, rejected drafts (struck), the target's own",
-                lambda ctx: on_off(ctx.debug)),
+                lambda ctx: on_off(ctx.debug), completes=(SWITCH,)),
         Command("stats", _stats, "/stats", "the last turn in detail, and session totals"),
         Command("calibrate", _calibrate, "/calibrate",
                 "time this machine's forwards again and choose gamma, the verify width, the alternatives and the "
                 "cumulative stop from them (settings given as flags stay)"),
         Command("clear", _clear, "/clear", "clear the screen"),
+        Command("regen", message_commands.regen, "/regen",
+                "run the last message again with the current strategies and settings; its answer replaces the last"),
+        Command("read", message_commands.read, "/read FILE",
+                f"a text file (up to {message_commands.READ_LIMIT // 1024} kB) starts your next message",
+                lambda ctx: ", ".join(ctx.pending.names), completes=(FILE,)),
+        Command("edit", message_commands.edit, "/edit", "write your next message in $EDITOR (sent when you save and "
+                                                        "quit it)"),
         Command("save", _save, f"/save FILE [{FORCE}]",
-                f"save the transcript (FILE.json: JSON, otherwise markdown); {FORCE} replaces an existing file"),
+                f"save the transcript (FILE.json: JSON, otherwise markdown); {FORCE} replaces an existing file",
+                completes=(FILE,)),
+        Command("load", message_commands.load, "/load FILE",
+                "resume a chat saved with /save FILE.json: its history, system prompt, settings and strategies",
+                completes=(FILE,)),
         Command("export", _export, f"/export {'|'.join(ENGINES)} [FILE [{FORCE}]]",
                 "the command that serves this target with its drafter, head or lookup settings and gamma on a serving "
-                "engine (FILE: written as a script)"),
+                "engine (FILE: written as a script)", completes=(tuple(ENGINES), FILE)),
     ]
     settings = [Command(setting.command, setting_commands.handler(setting), setting.usage, setting.help,
-                        setting_commands.shown(setting)) for setting in SETTINGS if setting.command]
+                        setting_commands.shown(setting), completes=_setting_words(setting))
+                for setting in SETTINGS if setting.command]
     rest = rest[:1] + settings + rest[1:]  # after /compare
     table: dict[str, Command] = {}
     for command in head + rest + toggles:  # a strategy named like a command keeps the command (/strategies too)
@@ -328,6 +353,13 @@ def build_commands(strategies: tuple[str, ...] = STRATEGIES) -> dict[str, Comman
             table.setdefault(name, command)
     order = {id(command): i for i, command in enumerate(head + toggles + rest)}  # /help: toggles after /strategies
     return dict(sorted(table.items(), key=lambda item: order[id(item[1])]))
+
+
+def _setting_words(setting) -> tuple[tuple[str, ...], ...]:
+    """What Tab offers for a setting's values: on and off for a switch, the processors' names for /processor."""
+    if setting.name == "processor":
+        return (tuple(PROCESSORS),)
+    return tuple(SWITCH if value.type is bool else () for value in setting.values)
 
 
 def _strategy_state(session: ChatSession, name: str) -> str:

@@ -230,6 +230,33 @@ class ChatSession:
         self._strategies.clear()
         self.configure(self.settings)
 
+    def retract(self, user_text: str) -> list[Message]:
+        """Take the last exchange out of the history where it answers `user_text` (a turn that asks it again then
+        replaces it); what was taken, for `restore` ([] where the history does not end with that exchange)."""
+        if len(self.history) >= 2 and self.history[-2] == Message("user", user_text) and \
+                self.history[-1].role == "assistant":
+            taken = self.history[-2:]
+            del self.history[-2:]
+            return taken
+        return []
+
+    def restore(self, messages: list[Message]) -> None:
+        """Put back what `retract` took."""
+        self.history += messages
+
+    def load(self, settings: ChatSettings, history: list[Message]) -> None:
+        """Resume a saved conversation: its settings first (on a ValueError nothing changes), then its history, with
+        fresh strategies (an n-gram store starts empty, as after `reset`). The caches stay: the next prompt keeps
+        whatever start it shares with them."""
+        kept = self._strategies
+        self._strategies = {}
+        try:
+            self.configure(settings)
+        except ValueError:
+            self._strategies = kept
+            raise
+        self.history = list(history)
+
     @property
     def uses_template(self) -> bool:
         return self.settings.chat_template and self.has_template

@@ -15,9 +15,10 @@ import pytest
 from rich.console import Console
 
 from app.engine import Engine
-from chat.app import ChatApp
 from chat.arguments import parse_processor
 from chat.commands import Command, Outcome, build_commands, dispatch
+from chat.message_commands import Pending
+from chat.repl import ChatRepl
 from chat.session import ChatSession, ChatSettings, ModelInfo
 from chat.turn import Turn
 from sampling.settings import STRATEGIES
@@ -34,10 +35,10 @@ def pair(tmp_path_factory):
 def app(pair):
     session = ChatSession(Engine.from_pair(pair), ChatSettings(max_new_tokens=4))
     console = Console(file=io.StringIO(), width=200, color_system=None)
-    return ChatApp(session, console, ModelInfo("target", "drafter", "float32", "cpu"))
+    return ChatRepl(session, console, ModelInfo("target", "drafter", "float32", "cpu"))
 
 
-def run(app: ChatApp, line: str) -> str:
+def run(app: ChatRepl, line: str) -> str:
     """Dispatch one line; what it printed."""
     app.console.file.seek(0)
     app.console.file.truncate()
@@ -167,7 +168,7 @@ def test_the_last_strategy_cannot_be_switched_off(app):
 def test_drafter_strategies_are_unavailable_without_a_drafter(pair):
     session = ChatSession(Engine(pair.target.model, pair.target.tokenizer, end_ids=pair.end_ids),
                           ChatSettings(strategies=("autoregressive",)))
-    app = ChatApp(session, Console(file=io.StringIO(), width=200), ModelInfo("t", None, "float32", "cpu"))
+    app = ChatRepl(session, Console(file=io.StringIO(), width=200), ModelInfo("t", None, "float32", "cpu"))
     assert "needs a drafter" in run(app, "/speculative")
     assert "unavailable (no drafter)" in run(app, "/help")
 
@@ -362,9 +363,9 @@ def chat_imports() -> dict[str, set[str]]:
 
 
 def test_no_two_chat_modules_import_each_other():
-    """Regression: chat/commands.py imported chat/app.py (for its type) while app.py imported commands.py."""
+    """Regression: chat/commands.py imported the REPL module (for its type) while the REPL imported commands.py."""
     graph = chat_imports()
-    assert "app" in graph and "commands" in graph["app"]
+    assert "repl" in graph and "commands" in graph["repl"]
 
     def reaches(start: str, goal: str, seen: set[str]) -> bool:
         return any(n == goal or (n not in seen and reaches(n, goal, seen | {n})) for n in graph.get(start, ()))
@@ -384,6 +385,8 @@ class BareContext:
     commands: dict[str, Command] = field(default_factory=build_commands)
     compare: bool = True
     debug: bool = False
+    pending: Pending = field(default_factory=Pending)
+    earlier: list[dict] = field(default_factory=list)
 
 
 def test_commands_run_on_a_narrow_context_without_the_repl(app, tmp_path):

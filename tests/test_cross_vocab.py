@@ -257,8 +257,8 @@ def test_the_chat_takes_a_drafter_of_another_tokenizer_and_stats_show_re_tokeniz
     from rich.console import Console
 
     from app.engine import Engine
-    from chat.app import ChatApp
     from chat.commands import Outcome, dispatch
+    from chat.repl import ChatRepl
     from chat.session import ChatSession, ChatSettings, ModelInfo
     from models.loading import load_pair
     from tests.helpers import save_tiny_checkpoint
@@ -269,7 +269,7 @@ def test_the_chat_takes_a_drafter_of_another_tokenizer_and_stats_show_re_tokeniz
     assert pair.vocab_notice and pair.tokenizers
     session = ChatSession(Engine.from_pair(pair),
                           ChatSettings(max_new_tokens=12, strategies=("speculative", "autoregressive")))
-    app = ChatApp(session, Console(file=io.StringIO(), width=240, color_system=None),
+    app = ChatRepl(session, Console(file=io.StringIO(), width=240, color_system=None),
                   ModelInfo("target", "drafter", "float64", "cpu"))
 
     turn = app.ask("Hello there, w1 w2 w3")

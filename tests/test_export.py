@@ -299,8 +299,8 @@ def test_chat_export_command_prints_and_writes(pair_dirs, tmp_path):
     from rich.console import Console
 
     from app.engine import Engine
-    from chat.app import ChatApp
     from chat.commands import dispatch
+    from chat.repl import ChatRepl
     from chat.session import ChatSession, ChatSettings, ModelInfo
     from models.loading import load_pair
 
@@ -309,7 +309,7 @@ def test_chat_export_command_prints_and_writes(pair_dirs, tmp_path):
     console = Console(file=io.StringIO(), width=400, color_system=None)
     info = ModelInfo("target", "drafter", "float32", "cpu", target_spec=str(pair_dirs[0]),
                      drafter_spec=str(pair_dirs[1]), cache_dir=tmp_path / "cache")
-    app = ChatApp(session, console, info)
+    app = ChatRepl(session, console, info)
     dispatch(app, "/gamma 3")
     console.file.truncate(0)
     console.file.seek(0)
@@ -461,8 +461,8 @@ def test_chat_export_after_a_refused_gamma_carries_the_last_good_one(pair_dirs, 
     from rich.console import Console
 
     from app.engine import Engine
-    from chat.app import ChatApp
     from chat.commands import dispatch
+    from chat.repl import ChatRepl
     from chat.session import ChatSession, ChatSettings, ModelInfo
     from models.loading import load_pair
 
@@ -471,7 +471,7 @@ def test_chat_export_after_a_refused_gamma_carries_the_last_good_one(pair_dirs, 
     console = Console(file=io.StringIO(), width=400, color_system=None)
     info = ModelInfo("target", "drafter", "float32", "cpu", target_spec=str(pair_dirs[0]),
                      drafter_spec=str(pair_dirs[1]), cache_dir=tmp_path / "cache")
-    app = ChatApp(session, console, info)
+    app = ChatRepl(session, console, info)
     dispatch(app, "/gamma 7")
     dispatch(app, "/gamma 100000")
     assert "gamma must be an integer from 1 to 64, got 100000" in console.file.getvalue()

@@ -15,8 +15,8 @@ import infer
 from app.engine import Engine
 from app.flags import decoding
 from app.settings import SETTINGS, Setting, flag_of, word_of
-from chat.app import ChatApp
 from chat.commands import Outcome, build_commands, dispatch
+from chat.repl import ChatRepl
 from chat.session import ChatSession, ChatSettings, ModelInfo
 from sampling.settings import CALIBRATED, StrategySettings
 from tests.helpers import load_tiny_pair
@@ -36,11 +36,11 @@ def pair(tmp_path_factory):
 @pytest.fixture
 def app(pair):
     session = ChatSession(Engine.from_pair(pair), ChatSettings(max_new_tokens=4))
-    return ChatApp(session, Console(file=io.StringIO(), width=300, color_system=None),
+    return ChatRepl(session, Console(file=io.StringIO(), width=300, color_system=None),
                    ModelInfo("target", "drafter", "float32", "cpu"))
 
 
-def said(app: ChatApp, line: str) -> str:
+def said(app: ChatRepl, line: str) -> str:
     app.console.file.seek(0)
     app.console.file.truncate()
     assert dispatch(app, line) is Outcome.CONTINUE

@@ -16,8 +16,8 @@ from app.calibration import pair_key
 from app.engine import Engine
 from app.flags import hold_torch_to
 from app.startup import Records, Said, probe_and_calibrate, records_for, use_kernels
-from chat.app import ChatApp
 from chat.commands import Outcome, dispatch
+from chat.repl import ChatRepl
 from chat.session import ChatSession, ChatSettings, ModelInfo
 from models.loading import load_model
 from models.placement import Placement
@@ -82,9 +82,9 @@ def test_the_start_probes_and_times_once_then_reads_what_it_kept(engine, pair, t
 
 
 def test_the_session_takes_the_engines_start_and_calibrates_again_only_after_one(engine, pair, tmp_path):
-    def chat() -> ChatApp:
+    def chat() -> ChatRepl:
         session = ChatSession(engine, ChatSettings(max_new_tokens=4, strategy=engine.settings))
-        return ChatApp(session, Console(file=io.StringIO(), width=200, color_system=None),
+        return ChatRepl(session, Console(file=io.StringIO(), width=200, color_system=None),
                        ModelInfo("target", "drafter", "float32", "cpu"))
 
     app = chat()
