@@ -24,7 +24,18 @@ from app.export import ENGINES, export, serving
 from app.settings import SETTINGS, on_off, word_of
 from chat import message_commands, setting_commands
 from chat.arguments import COMMAND, FILE, STRATEGY_LIST, UsageError, parse_switch, plural
-from chat.render import comparison_table, detail_table, running, say, totals_table, turn_rows, warn
+from chat.render import (
+    BASELINE,
+    acceptance_histogram,
+    comparison_table,
+    detail_table,
+    running,
+    say,
+    slower_reason,
+    totals_table,
+    turn_rows,
+    warn,
+)
 from chat.session import ChatSession, ModelInfo
 from chat.transcript import transcript, transcript_markdown, write_file
 from chat.turn import Turn
@@ -206,6 +217,14 @@ def _stats(ctx: Context, arg: str) -> None:
     rows = turn_rows(ctx.turns[-1])
     ctx.console.print(comparison_table(rows, ctx.session.settings.processor.is_greedy, title="last turn"))
     ctx.console.print(detail_table(rows))
+    histogram = acceptance_histogram(rows)
+    if histogram is not None:
+        ctx.console.print(histogram, end="")
+    baseline = next((row for row in rows if row.strategy == BASELINE), None)
+    for row in rows:
+        reason = slower_reason(row, baseline)
+        if reason:
+            say(ctx.console, reason)
     ctx.console.print(totals_table(ctx.turns))
 
 

@@ -27,6 +27,10 @@ BASELINE = "autoregressive"
 ACCEPTED_STYLE = "green"
 REJECTED_STYLE = "dim red strike"
 TARGET_STYLE = "yellow"
+# Why a strategy's greedy output need not equal autoregressive's (the comparison says n/a, not NO).
+NO_IDENTITY_CLAIM = {"beam": "keeps the likeliest whole sequence, not the likeliest token at each step: it need not "
+                             "equal autoregressive by design",
+                     "drafter": "is the drafter model alone: another model's answer"}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -42,6 +46,7 @@ class ComparisonRow:
     failed: bool = False
     lossless: bool = True
     identity: str | None = None  # `ChatSession.greedy_identity`
+    claims_identity: bool = True  # `ChatSession.claims_greedy_identity`
 
     @property
     def complete(self) -> bool:
@@ -50,7 +55,7 @@ class ComparisonRow:
 
 def turn_rows(turn: Turn) -> list[ComparisonRow]:
     return [ComparisonRow(run.strategy, run.stats, run.token_ids, run.interrupted, run.error is not None, run.lossless,
-                          run.identity) for run in turn.runs]
+                          run.identity, run.claims_identity) for run in turn.runs]
 
 
 def _rate(x: float) -> str:
@@ -80,8 +85,10 @@ def speedup(stats: Stats, baseline: Stats | None) -> float | None:
 
 
 def identical_to_baseline(row: ComparisonRow, baseline: ComparisonRow | None, greedy: bool) -> bool | None:
-    """Whether a greedy output equals the baseline's token for token; None where the question is meaningless."""
-    if not greedy or baseline is None or row is baseline or not row.complete or not baseline.complete:
+    """Whether a greedy output equals the baseline's token for token; None where the question is meaningless (a
+    strategy that makes no claim to it by design among them)."""
+    if not greedy or baseline is None or row is baseline or not row.complete or not baseline.complete \
+            or not row.claims_identity:
         return None
     return row.token_ids == baseline.token_ids
 
@@ -98,6 +105,11 @@ def comparison_table(rows: list[ComparisonRow], greedy: bool = True, baseline: s
     if any(row.identity not in (None, "exact") and identical_to_baseline(row, base, greedy) is False for row in rows):
         caption += "\nNO: greedy identity is not exact on this machine (its kernels round a verify otherwise than a "
         caption += "step; /stats says why)"
+    unclaimed = [row.strategy for row in rows if greedy and base is not None and row is not base
+                 and not row.claims_identity]
+    if unclaimed:
+        caption += "\nn/a: " + "; ".join(f"{name} {NO_IDENTITY_CLAIM.get(name, 'makes no such claim by design')}"
+                                         for name in dict.fromkeys(unclaimed))
     if yardstick is not None and rates and max(rates) > 0:
         caption += "\n" + yardstick.versus(max(rates))
     table = Table(title=title, title_justify="left", caption=caption, caption_justify="left", header_style="bold")
@@ -113,9 +125,15 @@ def comparison_table(rows: list[ComparisonRow], greedy: bool = True, baseline: s
         best = fastest is not None and row.complete and row.stats.tokens_per_second == fastest
         table.add_row(name, str(row.stats.new_tokens), _rate(row.stats.tokens_per_second),
                       f"{up:.2f}×" if up is not None else DASH, _percent(row.stats), _per_round(row.stats),
-                      _seconds(row.stats), DASH if same is None else ("yes" if same else "NO"),
+                      _seconds(row.stats), _same(row, base, greedy, same),
                       style="bold green" if best else None)
     return table
+
+
+def _same(row: ComparisonRow, base: ComparisonRow | None, greedy: bool, same: bool | None) -> str:
+    if greedy and base is not None and row is not base and not row.claims_identity:
+        return "n/a"
+    return DASH if same is None else ("yes" if same else "NO")
 
 
 def stats_line(stats: Stats) -> str:
@@ -145,6 +163,47 @@ def detail_table(rows: list[ComparisonRow]) -> Table:
                  _rate(s.decode_tokens_per_second), f"{s.total_time:.2f} s", by_position]
         table.add_row(*cells, *([own_counts(s.extra)] if own else []))
     return table
+
+
+def acceptance_histogram(rows: list[ComparisonRow], width: int = 24) -> Text | None:
+    """/stats: each drafting strategy's acceptance by draft position as bars (how often the k-th draft of a round
+    passed, over the rounds that drafted a k-th); None where no strategy drafted."""
+    lines = Text()
+    for row in rows:
+        s = row.stats
+        rates, drafted = s.acceptance_by_position, s.drafted_by_position
+        if not s.drafted or rates is None or drafted is None:
+            continue
+        lines.append(f"{row.strategy}: acceptance by draft position\n", style="bold")
+        for position, (rate, count) in enumerate(zip(rates, drafted, strict=True), start=1):
+            bar = "█" * round(rate * width)
+            lines.append(f"  {position:>2} ")
+            lines.append(bar.ljust(width), style=ACCEPTED_STYLE)
+            lines.append(f" {rate:>4.0%}  of {count}\n")
+    return lines if lines.plain else None
+
+
+def slower_reason(row: ComparisonRow, baseline: ComparisonRow | None) -> str | None:
+    """Where a drafting strategy ran slower than `baseline` (autoregressive) on this prompt, the measured reason in one
+    sentence: what a round cost, in autoregressive steps, against the tokens it committed; None where it did not."""
+    s = row.stats
+    if baseline is None or row is baseline or not s.drafted or not row.complete or not baseline.complete:
+        return None
+    base = baseline.stats
+    if s.tokens_per_second <= 0 or s.tokens_per_second >= base.tokens_per_second or s.rounds < 2:
+        return None
+    step = 1 / base.decode_tokens_per_second if base.decode_tokens_per_second > 0 else 0.0
+    if step <= 0:
+        return None
+    decode_rounds = s.rounds - 1  # the first round is the prefill's
+    round_time = s.decode_time / decode_rounds
+    per_round = (s.new_tokens - s.tokens_by_round[0]) / decode_rounds
+    cost = round_time / step
+    drafter = f", {s.drafter_forwards / s.rounds:.1f} drafter forwards" if s.drafter_forwards else ""
+    return (f"{row.strategy} ran slower than {baseline.strategy} here: a round cost {cost:.1f} autoregressive steps "
+            f"({round_time * 1e3:.0f} ms against {step * 1e3:.0f} ms; drafting{drafter} and the wider verify took "
+            f"{(round_time - step) * 1e3:.0f} ms of it) and committed {per_round:.2f} tokens, so it gained "
+            f"{per_round - 1:.2f} tokens a round for {cost - 1:.2f} steps of extra cost")
 
 
 def own_counts(extra: dict[str, int]) -> str:

@@ -92,6 +92,7 @@ class Run:
     error: str | None = None  # why it failed, where a turn goes on past a failed strategy (the one-shot mode)
     lossless: bool = True  # False: typical acceptance while sampling (the output does not follow the target's)
     identity: str | None = None  # greedy identity with autoregressive: `ChatSession.greedy_identity`
+    claims_identity: bool = True  # False: greedy output may differ from autoregressive's by design (beam search)
 
     @property
     def result(self) -> Result:
@@ -216,6 +217,11 @@ class ChatSession:
         if self.invariance is None:
             return "not probed"
         return "exact" if self.invariance.exact else "not exact on this machine"
+
+    def claims_greedy_identity(self, name: str) -> bool:
+        """Whether strategy `name`'s greedy output is meant to equal autoregressive's: autoregressive's own and every
+        speculative one's; beam search (the likeliest sequence) and the drafter alone (another model) make no claim."""
+        return name == "autoregressive" or isinstance(self._strategies.get(name), Speculative)
 
     def calibrate(self, again: bool = False) -> Tuning:
         """Probe the target's path and time this machine's forwards again (`again`), or take what was kept for it,

@@ -98,7 +98,8 @@ def run_turn(session: ChatSession, text: str, view: View, strategies: tuple[str,
     with CtrlC() as ctrl_c, session.compile_paused():
         try:
             for name in strategies or session.settings.strategies:
-                run = Run(name, lossless=session.lossless(name), identity=session.greedy_identity(name))
+                run = Run(name, lossless=session.lossless(name), identity=session.greedy_identity(name),
+                          claims_identity=session.claims_greedy_identity(name))
                 turn.runs.append(run)
                 view.start(name, plan)
                 try:

@@ -234,3 +234,12 @@ def test_a_damaged_or_foreign_file_changes_nothing(repl, tmp_path):
         assert (list(repl.session.history), repl.session.settings, repl.compare, list(repl.turns)) == before
         assert repl.session.settings.processor is before[1].processor
     assert "is a directory" in said(repl, f"/load {tmp_path}")
+
+
+def test_every_answer_ends_with_one_stats_line_even_with_compare_off(repl):
+    said(repl, "/compare off")
+    out = said(repl, "Hello there")
+    lines = [line for line in out.splitlines() if "tok/s" in line]
+    assert len(lines) == 1 and "tokens" in lines[0] and "accept" in lines[0] and "tok/round" in lines[0]
+    stats = said(repl, "/stats")
+    assert "speculative: acceptance by draft position" in stats and "█" in stats or "  0%  of" in stats

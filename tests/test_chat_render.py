@@ -10,9 +10,11 @@ from chat.render import (
     ComparisonRow,
     ConsoleView,
     Detokenizer,
+    acceptance_histogram,
     banner,
     comparison_table,
     session_totals,
+    slower_reason,
     speedup,
     stats_line,
     totals_table,
@@ -176,3 +178,33 @@ def test_notices_and_warnings_show_their_text_as_typed(tokenizer, text):
     ConsoleView(console, tokenizer, ()).notice(text)
     warn(console, text)
     assert console.export_text() == f"⚠ {text}\n{text}\n"
+
+
+def test_a_strategy_that_claims_no_greedy_identity_says_n_a_not_no():
+    base = stats_of([Round([1], elapsed=0.1), Round([2], elapsed=0.2)])
+    beam = stats_of([Round([1, 3], target_forwards=4, elapsed=0.3)])
+    rows = [ComparisonRow("autoregressive", base, [1, 2]), ComparisonRow("beam", beam, [1, 3], claims_identity=False),
+            ComparisonRow("lookup", base, [1, 3])]
+    table = comparison_table(rows, greedy=True)
+    text = render(table)
+    assert "n/a" in next(line for line in text.splitlines() if "│ beam" in line or line.startswith("│beam"))
+    assert "NO" in next(line for line in text.splitlines() if "lookup" in line)
+    assert "n/a: beam keeps the likeliest whole sequence" in str(table.caption)
+    sampled = comparison_table(rows, greedy=False)
+    assert "n/a" not in render(sampled)
+
+
+def test_stats_histogram_and_the_measured_reason_a_drafter_was_slower():
+    ar = stats_of([Round([1], elapsed=0.1)] + [Round([i], elapsed=0.05 + 0.05 * i) for i in range(2, 12)])
+    slow = stats_of([Round([1], elapsed=0.1)] + [Round([2, 3], drafted=[2, 9, 9], accepted=1, drafter_forwards=3,
+                                                         elapsed=0.1 + 0.2 * i) for i in range(1, 6)])
+    rows = [ComparisonRow("autoregressive", ar), ComparisonRow("speculative", slow)]
+    histogram = acceptance_histogram(rows).plain
+    assert "speculative: acceptance by draft position" in histogram and "autoregressive" not in histogram
+    assert " 1 " in histogram and "100%  of 5" in histogram and "0%  of 5" in histogram
+    reason = slower_reason(rows[1], rows[0])
+    # a round: 200 ms against a 50 ms step = 4.0 steps, for 2 tokens: 1 token gained for 3 steps of extra cost
+    assert reason.startswith("speculative ran slower than autoregressive here: a round cost 4.0 autoregressive steps")
+    assert "200 ms against 50 ms; drafting, 2.5 drafter forwards and the wider verify took 150 ms" in reason
+    assert "committed 2.00 tokens, so it gained 1.00 tokens a round for 3.00 steps of extra cost" in reason
+    assert slower_reason(rows[0], rows[0]) is None and slower_reason(ComparisonRow("lookup", ar), rows[0]) is None

@@ -183,4 +183,4 @@ def test_a_session_in_the_real_repl(repl):
     repl.expect(PROMPT)
     repl.send("\x04")  # Ctrl-D
     assert repl.exit_status() == 0
-    assert "/gamma 3" in (repl.home / ".cache/specchat/history").read_text().splitlines()  # recall across sessions
+    assert "+/gamma 3" in (repl.home / ".cache/specchat/history").read_text().splitlines()  # recall across sessions
