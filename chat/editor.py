@@ -92,6 +92,11 @@ class TerminalReader:
             history=history, completer=completer, complete_while_typing=False, multiline=True,
             key_bindings=self._bindings(), prompt_continuation=self._continuation, input=input, output=output,
             enable_history_search=False, mouse_support=False)
+        self.prompt_session.default_buffer.on_text_changed += self._emptied
+
+    def _emptied(self, buffer) -> None:
+        if not buffer.text:
+            self.pasted = False  # what is typed next decides again
 
     def read(self, prompt: str) -> str:
         self.pasted = False

@@ -53,6 +53,10 @@ def test_a_paste_with_slashes_at_line_starts_is_text_not_a_command():
     assert message == "/" + starting  # escaped: the REPL sends it as text (// is its escape)
 
 
+def test_a_paste_deleted_before_a_command_is_typed_leaves_the_command_a_command():
+    assert read_keys(paste("/tmp/x\nmore") + "\x7f" * 11 + "/help\r") == ["/help"]
+
+
 def test_a_one_line_paste_of_a_command_stays_a_command():
     assert read_keys(paste("/help") + "\r") == ["/help"]
 
