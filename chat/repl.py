@@ -64,7 +64,7 @@ class ChatRepl:
             return None
         line, undecodable = replace_undecodable(line)
         if undecodable:
-            warn(self.console, notice("the message", undecodable))
+            warn(self.console, notice("the line", undecodable))
         return line
 
     def handle(self, line: str) -> Outcome:

@@ -41,7 +41,7 @@ class Tmux:
         """The pane's whole text, its history included, wrapped lines joined."""
         return self.tmux("capture-pane", "-p", "-J", "-S", "-", "-t", "chat")
 
-    def expect(self, pattern: str, timeout: float = 120) -> str:
+    def expect(self, pattern: str, timeout: float = 600) -> str:
         """Wait (polling with a deadline) for `pattern` after what was matched before; the text up to its end."""
         deadline = time.monotonic() + timeout
         regex = re.compile(pattern)
