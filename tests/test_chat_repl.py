@@ -109,7 +109,7 @@ def repl(tmp_path_factory):
     root = tmp_path_factory.mktemp("chat_repl")
     target, drafter = save_tiny_pair(root, max_positions=100_000)
     env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(root / "home"), "TERM": "xterm-256color",
-           "LANG": "C.UTF-8"}
+           "LANG": "C.UTF-8", "PROMPT_TOOLKIT_NO_CPR": "1"}  # no one here answers the editor's cursor queries
     argv = [sys.executable, "infer.py", "--target", str(target), "--drafter", str(drafter), "--dtype", "float32",
             "--device", "cpu", "-n", "12", "--ignore-eos"]
     terminal = Terminal(argv, env)
