@@ -64,7 +64,7 @@ def read(ctx: Context, arg: str) -> None:
     if undecodable:
         warn(ctx.console, notice(arg, undecodable))
     ctx.pending.parts.append((arg, text))
-    say(ctx.console, f"read {arg} ({plural(text.count(chr(10)) + 1, 'line')}, {plural(len(text), 'character')}): "
+    say(ctx.console, f"read {arg} ({plural(len(text.splitlines()), 'line')}, {plural(len(text), 'character')}): "
                      "it starts your next message; type the rest, or press Enter to send it alone (Ctrl-C drops it)")
 
 
