@@ -95,7 +95,7 @@ def test_read_holds_a_file_for_the_next_message(repl, tmp_path):
     code = tmp_path / "add.py"
     code.write_text("def add(a, b):\n    return a - b\n")
     out = said(repl, f"/read {code}")
-    assert "(2 lines, 34 characters)" in out and "starts your next message" in out
+    assert "(2 lines, 32 characters)" in out and "starts your next message" in out
     assert repl._prompt() == f"you [{code}] ›"
     said(repl, "What is wrong here?")
     assert repl.turns[-1].user == "def add(a, b):\n    return a - b\n\n\nWhat is wrong here?"
