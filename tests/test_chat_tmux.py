@@ -77,7 +77,7 @@ def chat(tmp_path_factory, model_cache_dir):
         pytest.skip("tmux is not installed (setup.sh --dev installs it)")
     folder = tmp_path_factory.mktemp("chat_tmux")
     env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(folder), "TERM": "tmux-256color",
-           "LANG": "C.UTF-8", "XDG_CACHE_HOME": str(folder / "xdg")}
+           "LANG": "C.UTF-8", "XDG_CACHE_HOME": str(folder / "xdg"), "COLUMNS": "160", "LINES": "50"}
     command = [sys.executable, "infer.py", "--target", "smollm2-135m", "--drafter", "none", "--no-calibrate",
                "--no-compile", "-n", "12", "--cache-dir", str(model_cache_dir)]
     terminal = Tmux(folder, command, env)
@@ -108,7 +108,7 @@ def test_a_pasted_block_is_one_turn_then_regen_save_load_ctrl_c_ctrl_d(chat):
     chat.line("/reset")
     chat.expect("history cleared")
     chat.line(f"/load {saved}")
-    chat.expect(r"resumed .*1 exchange in the history")
+    chat.expect(r"resumed [^\n]*1 exchange in the\s+history")
     assert json.loads(saved.read_text())["history"][0]["content"] == SNIPPET
 
     chat.line("/length 2000")
