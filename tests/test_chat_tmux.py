@@ -27,7 +27,8 @@ class Tmux:
 
     def __init__(self, folder: Path, command: list[str], env: dict[str, str]):
         self.socket = str(folder / "tmux.sock")
-        shell = " ".join(shlex.quote(word) for word in command) + "; echo EXITED=$?; sleep 600"
+        # the shell waits through Ctrl-C (a trap, not an ignore, which the chat would inherit) to say how it exited
+        shell = "trap true INT; " + " ".join(shlex.quote(word) for word in command) + "; echo EXITED=$?; sleep 600"
         self.tmux("-f", "/dev/null", "new-session", "-d", "-s", "chat", "-x", "160", "-y", "50",
                   "-c", str(REPO), "env", *[f"{k}={v}" for k, v in env.items()], "sh", "-c", shell)
         self.tmux("set-option", "-t", "chat", "history-limit", "20000")
