@@ -14,6 +14,7 @@ from prompt_toolkit.input import create_pipe_input
 from prompt_toolkit.output import DummyOutput
 from rich.console import Console
 
+from app.engine import Engine
 from chat.commands import Outcome
 from chat.repl import ChatRepl
 from chat.session import ChatSession, ChatSettings, Message, ModelInfo
@@ -28,8 +29,7 @@ def pair(tmp_path_factory):
 
 
 def make_repl(pair, **settings) -> ChatRepl:
-    session = ChatSession(pair.target.tokenizer, pair.target.model, pair.drafter.model, pair.end_ids,
-                          ChatSettings(**{"max_new_tokens": 4, **settings}))
+    session = ChatSession(Engine.from_pair(pair), ChatSettings(**{"max_new_tokens": 4, **settings}))
     return ChatRepl(session, Console(file=io.StringIO(), width=300, color_system=None),
                     ModelInfo("target", "drafter", "float32", "cpu"))
 
@@ -192,7 +192,7 @@ def test_save_then_load_resumes_history_system_settings_and_strategies(pair, rep
 def test_load_without_a_drafter_leaves_out_the_strategies_that_need_one(pair, repl, tmp_path):
     said(repl, "Hello there")
     said(repl, f"/save {tmp_path / 'chat.json'}")
-    session = ChatSession(pair.target.tokenizer, pair.target.model, None, pair.end_ids,
+    session = ChatSession(Engine(pair.target.model, pair.target.tokenizer, end_ids=pair.end_ids),
                           ChatSettings(strategies=("autoregressive",), max_new_tokens=4))
     bare = ChatRepl(session, Console(file=io.StringIO(), width=300, color_system=None),
                     ModelInfo("other", None, "float32", "cpu"))
