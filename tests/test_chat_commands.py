@@ -105,7 +105,7 @@ def test_good_arguments_change_the_setting(app, line, expected, setting):
 
 @pytest.mark.parametrize("line, expected", [
     ("/gamma", "gamma must be an integer"),
-    ("/gamma 0", "gamma must be an integer >= 1, got 0"),
+    ("/gamma 0", "gamma must be an integer from 1 to 64, got 0"),
     ("/gamma two", "gamma must be an integer, got 'two'"),
     ("/gamma 3 4", "expected one value"),
     ("/length -1", "max new tokens must be an integer >= 1, got -1"),

@@ -129,7 +129,8 @@ def test_a_session_in_the_real_repl(repl):
     assert "/ngram-store" in help_text and "/processor NAME" in help_text and "/speculative [on|off]" in help_text
 
     repl.line("/gamma 0")
-    assert "/gamma: gamma must be an integer >= 1, got 0  (usage: /gamma N)" in repl.expect(r"usage: /gamma N\)")
+    bound = repl.expect(r"usage: /gamma N\)")
+    assert "/gamma: gamma must be an integer from 1 to 64, got 0  (usage: /gamma N)" in bound
     repl.line("/gamma 3")
     repl.expect(r"gamma \(most tokens drafted per round\) = 3")
     repl.line("/gama 5")
