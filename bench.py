@@ -41,9 +41,10 @@ from app.flags import (
 # is refused at once, not after seconds of imports.
 from benchmarks.names import HF_BASELINES, LLAMACPP, NEEDS_SAME_VOCAB, REFERENCE
 from benchmarks.prompts import DEFAULT_PROMPTS, Prompt, load_prompts
-from models.presets import ModelLoadError, default_cache_dir, resolve_preset
+from models.presets import default_cache_dir, resolve_preset
 from sampling.settings import NEEDS_DRAFTER, NEEDS_HEAD, STRATEGIES, StrategySettings
 from utils.checks import SettingError, integer
+from utils.errors import ModelLoadError
 from utils.paths import output_dir_problem
 
 if TYPE_CHECKING:

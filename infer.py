@@ -175,10 +175,9 @@ def run_export(args: argparse.Namespace, chosen: Decoding, choice) -> int:
     from app.export import drafting_strategy, export, printable, serving
     from chat.transcript import write_file
     from models.loading import model_files
-    from models.presets import ModelLoadError
     from sampling.head_layouts import head_kind
     from sampling.heads import shipped_heads
-    from utils.errors import one_line
+    from utils.errors import ModelLoadError, one_line
 
     strategies = parse_strategies(args.strategy, choice.drafter is not None, frozenset(("eagle", "medusa")))
     files = model_files(choice.target, args.cache_dir, progress=False)
@@ -230,9 +229,8 @@ def same_vocabulary(choice, cache_dir: Path | None, progress: bool) -> bool:
     from transformers import AutoTokenizer
 
     from models.loading import model_files
-    from models.presets import ModelLoadError
     from models.vocab import vocab_notice
-    from utils.errors import one_line
+    from utils.errors import ModelLoadError, one_line
 
     folders = [model_files(spec, cache_dir, progress=progress).folder for spec in (choice.target, choice.drafter)]
     try:
@@ -316,7 +314,8 @@ def run(args: argparse.Namespace, chosen: Decoding, console: Console, errors: Co
     from chat.oneshot import run_oneshot
     from chat.repl import ChatRepl
     from chat.session import ChatSession
-    from models.presets import ModelLoadError, resolve_preset
+    from models.presets import resolve_preset
+    from utils.errors import ModelLoadError
 
     try:
         choice = model_choice(args, resolve_preset)

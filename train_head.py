@@ -173,8 +173,8 @@ def export_eagle(args) -> int:
     from transformers import AutoConfig
 
     from models.loading import model_files
-    from models.presets import ModelLoadError
     from sampling.head_layouts import EAGLE_WEIGHTS, TOKEN_MAP, write_eagle
+    from utils.errors import ModelLoadError
 
     held = [name for name in ("config.json", EAGLE_WEIGHTS, TOKEN_MAP) if (args.export_eagle / name).exists()]
     if held and not args.force:
@@ -240,8 +240,8 @@ def run(args, prompts: list[str], budget: Budget, argv: list[str] | None, reused
     import torch
 
     from app.engine import Engine
-    from models.presets import ModelLoadError
     from sampling.heads import HeadConfig, bind, build, eagle_config, load_head
+    from utils.errors import ModelLoadError
 
     out = Path(args.out)
     data_dir = Path(args.data) if args.data else out / "data"

@@ -24,8 +24,8 @@ from models import invariance
 from models.devices import cpu_flags, cpu_model
 from models.invariance import Invariance
 from sampling.settings import CALIBRATED, StrategySettings
-from utils.caching import CachedModel
 from utils.files import checked, key_file, read_record, write_record  # per key: "" timings, "invariance" the probe
+from utils.runner import CachedModel
 
 WIDTHS = (1, 2, 3, 4, 5, 6, 8, 10, 12, 14, 16, 20)  # new tokens per timed target forward
 CONTEXT = 128  # cached tokens when the forwards are timed: a short chat turn
@@ -282,10 +282,10 @@ class Tuning:
 
 
 def tune(cache_dir: Path, target: CachedModel, drafter: CachedModel | None, key: dict, settings: StrategySettings,
-         keep: frozenset[str] = frozenset(), again: bool = False) -> Tuning:
-    """`settings` with the calibrated ones this machine's timings call for, but those in `keep` (the user's)."""
+         explicit: frozenset[str] = frozenset(), again: bool = False) -> Tuning:
+    """`settings` with the calibrated ones this machine's timings call for, but those the user set (`explicit`)."""
     calibration, measured, damaged = calibrate(cache_dir, target, drafter, key, again=again)
     choice = choose(calibration, settings)
-    chosen = {name: getattr(choice.settings, name) for name in CALIBRATED if name not in keep}
-    return Tuning(choice, calibration, measured, tuple(sorted(keep & set(CALIBRATED))), replace(settings, **chosen),
+    chosen = {name: getattr(choice.settings, name) for name in CALIBRATED if name not in explicit}
+    return Tuning(choice, calibration, measured, tuple(sorted(explicit & set(CALIBRATED))), replace(settings, **chosen),
                   damaged)

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from app.background import PausableThread
 from app.startup import SILENT, Report, Said
-from utils.caching import CachedModel
+from utils.runner import CachedModel
 
 COMPILING = "compiling (background)"
 WHAT = {"drafter": "the drafter's short forwards", "target": "the target's forward"}

@@ -29,8 +29,8 @@ from app.yardstick import Contestant, Yardstick
 from sampling.base import DecodeConfig, Result, Round, Strategy
 from sampling.registry import build_strategy
 from sampling.settings import NEEDS_DRAFTER, NEEDS_HEAD, STRATEGIES, StrategySettings
-from utils.caching import CachedModel, input_device
 from utils.logits_processor import make_processor
+from utils.runner import CachedModel, input_device
 
 if TYPE_CHECKING:
     from app.calibration import Tuning

@@ -18,10 +18,11 @@ from typing import Any
 
 from app.settings import SETTINGS, Setting, flag_of
 from models.placement import DEVICE_MAP_NAMES, Placement, check_device_map_name, parse_max_memory
-from models.presets import QUANTIZE_CHOICES, ModelLoadError, check_device_name, check_dtype_name, check_preset_name
+from models.presets import QUANTIZE_CHOICES, check_device_name, check_dtype_name, check_preset_name
 from sampling.base import DecodeConfig
 from sampling.settings import CALIBRATED, StrategySettings
 from utils.checks import SettingError, integer
+from utils.errors import ModelLoadError
 from utils.logits_processor import make_processor
 from utils.paths import output_dir_problem
 

@@ -22,7 +22,7 @@ if TYPE_CHECKING:
     from models.invariance import Invariance
     from models.loading import LoadedPair
     from sampling.settings import StrategySettings
-    from utils.caching import CachedModel
+    from utils.runner import CachedModel
 
 INTERRUPTED_EXIT = 130
 
@@ -55,7 +55,7 @@ def use_kernels(name: str) -> None:
     """--kernels: the project's kernels run `name`'s instruction set from now on (before any weights are packed for
     them); ModelLoadError, one line, where this CPU or build cannot."""
     import kernels
-    from models.presets import ModelLoadError
+    from utils.errors import ModelLoadError
 
     try:
         kernels.use(name)

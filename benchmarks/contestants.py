@@ -13,7 +13,7 @@ from abc import ABC, abstractmethod
 from sampling.base import DecodeConfig, Result, Strategy
 from sampling.drafters.combined import CombinedDrafter
 from sampling.drafters.model import ModelDrafter
-from utils.caching import CachedModel
+from utils.runner import CachedModel
 
 
 class Contestant(ABC):

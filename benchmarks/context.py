@@ -24,7 +24,8 @@ from models import invariance
 from models.loading import load_model
 from models.presets import EMBEDDED, default_cache_dir
 from models.store import embedded_gguf
-from utils.caching import CachedModel, stop_growing
+from utils.caching import stop_growing
+from utils.runner import CachedModel
 
 DOCS = Path(__file__).resolve().parent.parent / "docs"
 

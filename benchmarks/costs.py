@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 
 from app.calibration import time_forward
-from utils.caching import CachedModel
+from utils.runner import CachedModel
 
 
 @dataclass(frozen=True)

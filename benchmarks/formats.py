@@ -35,7 +35,7 @@ from models.formats.prepack import prepack, unpack
 from models.loading import load_model
 from models.presets import EMBEDDED, default_cache_dir
 from models.store import embedded_gguf
-from utils.caching import CachedModel
+from utils.runner import CachedModel
 
 TARGET = "qwen2.5-coder-1.5b"
 FORMATS = ("float32", "float32-prepacked", "bfloat16", "int8", "int4", "q4k", "gguf", "q8_0", "gguf-compiled")
@@ -93,7 +93,7 @@ def cached(model, name: str) -> CachedModel:
 def cached_logits(lm: CachedModel, ids: list[int], chunk: int = 256) -> torch.Tensor:
     """`next_token_logits` through `lm`'s own forward."""
     lm.reset()
-    rows = [lm.forward(ids[start:min(start + chunk, len(ids) - 1)], keep=min(chunk, len(ids) - 1 - start))
+    rows = [lm.forward(ids[start:min(start + chunk, len(ids) - 1)], logits_rows=min(chunk, len(ids) - 1 - start))
             for start in range(0, len(ids) - 1, chunk)]
     return torch.cat(rows)
 

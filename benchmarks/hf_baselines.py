@@ -27,8 +27,8 @@ from benchmarks.contestants import Contestant
 from benchmarks.names import HF_BASELINES
 from models.formats.prepack import unpack
 from models.formats.quantize import activation_dtype, quantize_weights, resolve_quantize
-from models.presets import ModelLoadError
 from sampling.base import DecodeConfig, Result, Stats, clip
+from utils.errors import ModelLoadError
 from utils.logits_processor import LogitsProcessor
 
 ASSISTANT_SETTINGS = ("num_assistant_tokens", "num_assistant_tokens_schedule", "assistant_confidence_threshold")

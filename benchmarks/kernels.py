@@ -34,7 +34,7 @@ from models.gguf import tensor_bytes, tensor_infos
 from models.loading import load_model
 from models.presets import EMBEDDED, default_cache_dir
 from models.store import embedded_gguf
-from utils.caching import CachedModel
+from utils.runner import CachedModel
 
 TARGET = "qwen2.5-coder-1.5b"
 ROWS = (1, 2, 4, 8, 16)

@@ -24,7 +24,7 @@ from pathlib import Path
 import torch
 
 from benchmarks.llamacpp import binary, parse_completion_log
-from utils.caching import CachedModel
+from utils.runner import CachedModel
 
 DOCS = Path(__file__).resolve().parent.parent / "docs"
 LENGTHS = (1024, 4096)
@@ -35,7 +35,7 @@ def time_prefill(lm: CachedModel, prompt: list[int]) -> float:
     with torch.inference_mode():
         lm.reset()
         start = time.perf_counter()
-        lm.forward(prompt, keep=1)
+        lm.forward(prompt, logits_rows=1)
         seconds = time.perf_counter() - start
         lm.reset()
     return seconds

@@ -39,9 +39,9 @@ from chat.render import (
 from chat.session import ChatSession, ModelInfo
 from chat.transcript import transcript, transcript_markdown, write_file
 from chat.turn import Turn
-from models.presets import ModelLoadError
 from sampling.settings import NEEDS_DRAFTER, NEEDS_HEAD, STRATEGIES
 from utils.checks import SettingError
+from utils.errors import ModelLoadError
 from utils.logits_processor import PROCESSORS
 
 FORCE = "--force"  # /save FILE --force: replace an existing file

@@ -23,9 +23,10 @@ from models.invariance import Invariance
 from sampling.base import MAX_SEED, DecodeConfig, Result, Round, Stats, Strategy
 from sampling.settings import NEEDS_DRAFTER, NEEDS_HEAD, STRATEGIES, StrategySettings
 from sampling.speculative import Speculative
-from utils.caching import CachedModel, common_prefix_length
+from utils.caching import common_prefix_length
 from utils.checks import integer
 from utils.logits_processor import GreedyProcessor, LogitsProcessor
+from utils.runner import CachedModel
 
 __all__ = ["COMPILING", "ChatSession", "ChatSettings", "ContextOverflow", "Message", "ModelInfo", "Plan", "Run"]
 

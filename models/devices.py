@@ -8,7 +8,7 @@ from pathlib import Path
 
 import torch
 
-from models.presets import ModelLoadError
+from utils.errors import ModelLoadError
 
 _CPU_BF16_FLAGS = ("avx512_bf16", "amx_bf16", "bf16")  # x86 flags, and the aarch64 feature name
 

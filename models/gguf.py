@@ -17,7 +17,8 @@ from typing import Any
 import numpy as np
 from tqdm import tqdm
 
-from models.presets import EmbeddedModel, ModelLoadError
+from models.presets import EmbeddedModel
+from utils.errors import ModelLoadError
 
 EMBEDDED_REQUIREMENTS = "requirements-embedded.txt"
 _BLOCK_BYTES = 8 << 20

@@ -25,8 +25,8 @@ from torch import Tensor, nn
 from transformers.cache_utils import CacheLayerMixin
 
 from models import row_attention
-from utils.caching import CachedModel, input_device
 from utils.files import checked
+from utils.runner import CachedModel, input_device
 
 CONTEXT = 64  # cached tokens before the probed forwards
 WIDTH = 20  # the widest verify probed: the calibration's widest timed forward
@@ -165,7 +165,7 @@ def whole_model(lm: CachedModel, context: list[int], new: list[int]) -> str | No
             if m in VERIFY_WIDTHS or m == len(new):  # the same rows again as one verify, from the steps' cache
                 kv = cache_rows(lm)
                 lm.crop(len(context))
-                if not torch.equal(lm.forward(new[:m], keep=m), torch.cat(steps)):
+                if not torch.equal(lm.forward(new[:m], logits_rows=m), torch.cat(steps)):
                     return f"a verify of {m} tokens differs from the steps"
                 if not all(torch.equal(a, b) for a, b in zip(cache_rows(lm), kv, strict=True)):
                     return f"a verify of {m} tokens leaves other keys and values than the steps"
@@ -178,7 +178,7 @@ def whole_model(lm: CachedModel, context: list[int], new: list[int]) -> str | No
         if not torch.equal(rows[[0, *range(1, len(tree) + 1, 2)]], steps_logits[: len(chain) + 1]):
             return f"a tree verify of {len(tree)} nodes differs from the steps"
         lm.reset()  # the first round of a turn: the prompt and the drafts in one forward
-        if not torch.equal(lm.forward(context + new, keep=len(new)), steps_logits):
+        if not torch.equal(lm.forward(context + new, logits_rows=len(new)), steps_logits):
             return f"a prefill of {len(context)} tokens with a verify of {len(new)} differs from the steps"
         return None
     finally:

@@ -26,10 +26,10 @@ from models.formats.prepack import is_prepacked, prepack
 from models.formats.quantize import activation_dtype, quantize_weights, resolve_quantize
 from models.gguf import pip_install_command
 from models.placement import Placement, describe, plan
-from models.presets import EMBEDDED, ModelLoadError, default_cache_dir
+from models.presets import EMBEDDED, default_cache_dir
 from models.store import embedded_gguf, embedded_hf_dir, gguf_file_hf_dir
 from models.vocab import end_token_ids, vocab_notice
-from utils.errors import one_line
+from utils.errors import ModelLoadError, one_line
 
 
 @dataclass

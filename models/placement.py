@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from models.presets import ModelLoadError
+from utils.errors import ModelLoadError
 
 DEVICE_MAPS = ("auto", "balanced")  # computed by accelerate; a device name puts the whole model there
 DEVICE_MAP_NAMES = "auto, balanced, cpu, cuda, cuda:N, mps"

@@ -5,14 +5,11 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from utils.errors import ModelLoadError
 from utils.paths import default_cache_dir  # noqa: F401  # the loaders' default, named here beside the registry
 
 # auto: the low-bit weights that pay off (resolve_quantize), gguf where the model's file and the kernels allow
 QUANTIZE_CHOICES = ("none", "int8", "int4", "q4k", "gguf", "q8_0", "auto")
-
-
-class ModelLoadError(Exception):
-    """A model could not be loaded. The message says what was tried and how to fix it."""
 
 
 @dataclass(frozen=True)

@@ -23,8 +23,8 @@ import transformers
 from transformers import AutoModelForCausalLM, AutoTokenizer, GgufConfig, PreTrainedModel
 
 from models.gguf import ensure_assembled, locate_parts, pip_install_command, sha256_file, verify_file
-from models.presets import EmbeddedModel, ModelLoadError
-from utils.errors import one_line
+from models.presets import EmbeddedModel
+from utils.errors import ModelLoadError, one_line
 from utils.files import exclusive
 
 MARKER_NAME = "complete.json"

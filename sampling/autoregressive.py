@@ -7,7 +7,7 @@ from collections.abc import Iterator
 import torch
 
 from sampling.base import Clock, DecodeConfig, Round, Strategy, check_prompt, clip
-from utils.caching import CachedModel
+from utils.runner import CachedModel
 
 
 class Autoregressive(Strategy):

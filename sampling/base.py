@@ -15,7 +15,7 @@ from utils.logits_processor import GreedyProcessor, LogitsProcessor
 if TYPE_CHECKING:
     import torch
 
-    from utils.caching import CachedModel
+    from utils.runner import CachedModel
 
 MAX_SEED = 2**63 - 1  # the largest int64: one bound for the command lines and /seed (torch would take 2**64 - 1)
 

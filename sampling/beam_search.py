@@ -10,7 +10,8 @@ from transformers import DynamicCache
 
 from sampling.base import Clock, DecodeConfig, Round, Strategy, check_prompt
 from sampling.settings import check
-from utils.caching import CachedModel, select_rows
+from utils.caching import select_rows
+from utils.runner import CachedModel
 
 
 def length_penalty(length: int, alpha: float) -> float:

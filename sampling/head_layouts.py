@@ -10,8 +10,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from models.presets import ModelLoadError
 from sampling.heads import CONFIG, FORMAT, WEIGHTS, HeadConfig
+from utils.errors import ModelLoadError
 from utils.files import write_atomically
 
 EAGLE_WEIGHTS = "model.safetensors"

@@ -27,8 +27,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from models.formats.layers import linear_rows, linear_weight
-from models.presets import ModelLoadError
-from utils.errors import one_line
+from utils.errors import ModelLoadError, one_line
 
 FORMAT = "specchat-head"
 KINDS = ("eagle", "medusa")

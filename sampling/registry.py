@@ -19,7 +19,7 @@ from sampling.drafters.prompt_lookup import PromptLookupDrafter
 from sampling.heads import DraftHead
 from sampling.settings import NEEDS_DRAFTER, NEEDS_HEAD, STRATEGIES, StrategySettings
 from sampling.speculative import Speculative
-from utils.caching import CachedModel
+from utils.runner import CachedModel
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase

@@ -17,8 +17,8 @@ from sampling.verify import (
     accept_tree_stochastic,
     accept_tree_typical,
 )
-from utils.caching import CachedModel
 from utils.logits_processor import LogitsProcessor
+from utils.runner import CachedModel
 
 
 class Speculative(Strategy):
@@ -53,7 +53,7 @@ class Speculative(Strategy):
             draft = self.drafter.propose(ids, min(self.gamma, budget - 1, room), processor,
                                          draft_generator).within(room)
             # 2. Verify every drafted token and the bonus position in one target forward: (1 + len(draft), V).
-            logits = (self.target.extend(ids + draft.tokens, keep=len(draft) + 1) if draft.parents is None
+            logits = (self.target.extend(ids + draft.tokens, logits_rows=len(draft) + 1) if draft.parents is None
                       else self.target.extend_tree(ids, draft.tokens, draft.parents))
             # 3. Accept: a prefix of the chain, a path of the tree.
             path, token = accept(draft, logits)
@@ -62,7 +62,7 @@ class Speculative(Strategy):
             ids += tokens
             budget -= len(tokens)
             # 4. Roll back: the target's cache keeps every committed token but the last (a tree's path moved in place).
-            self.target.keep(start, [start + i for i in path[: len(tokens) - 1]])
+            self.target.crop_to_path(start, [start + i for i in path[: len(tokens) - 1]])
             self.drafter.feedback(ids, len(path), logits)
             yield Round(tokens, drafted=draft.line(path), accepted=len(path), target_forwards=1,
                         drafter_forwards=draft.forwards, elapsed=clock(), finished=finished,

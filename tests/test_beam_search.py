@@ -9,7 +9,7 @@ from sampling.autoregressive import Autoregressive
 from sampling.base import DecodeConfig
 from sampling.beam_search import BeamSearch, length_penalty
 from tests.helpers import tiny_model
-from utils.caching import CachedModel
+from utils.runner import CachedModel
 
 PROMPT = [3, 1, 4, 1, 5]
 

@@ -8,7 +8,7 @@ import torch
 
 from benchmarks.prefill import llamacpp_prompt_seconds, measure, table, time_prefill
 from tests.helpers import tiny_model
-from utils.caching import CachedModel
+from utils.runner import CachedModel
 
 
 def test_a_prefill_is_timed_from_an_empty_cache_and_leaves_it_empty():
@@ -17,8 +17,8 @@ def test_a_prefill_is_timed_from_an_empty_cache_and_leaves_it_empty():
     assert time_prefill(lm, list(range(5, 40))) > 0
     assert lm.tokens == []
     with torch.inference_mode():
-        expected = CachedModel(tiny_model()).forward(list(range(5, 40)), keep=1)
-        assert torch.equal(lm.forward(list(range(5, 40)), keep=1), expected)  # the timed forward: a whole prompt
+        expected = CachedModel(tiny_model()).forward(list(range(5, 40)), logits_rows=1)
+        assert torch.equal(lm.forward(list(range(5, 40)), logits_rows=1), expected)  # the timed forward: a whole prompt
 
 
 def test_llama_cpp_is_skipped_where_it_is_not_built_and_its_lengths_left_blank(tmp_path: Path):

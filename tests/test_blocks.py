@@ -20,7 +20,7 @@ from sampling.drafters.model import ModelDrafter
 from sampling.speculative import Speculative
 from tests.helpers import random_head, tiny_model
 from tests.test_kernels import dequantized, random_blocks
-from utils.caching import CachedModel
+from utils.runner import CachedModel
 
 pytestmark = pytest.mark.skipif(kernels.unavailable() is not None, reason=f"kernels: {kernels.unavailable()}")
 PROMPT = [5, 17, 42, 8, 5, 17, 42, 9, 33, 5, 17]
@@ -139,8 +139,8 @@ def test_siblings_run_as_one_kernel_call_with_the_bits_of_separate_calls():
     # every forward's logits bit for bit: a prompt, steps, a verify
     joined_lm, reference_lm = CachedModel(model), CachedModel(reference)
     with torch.inference_mode():
-        for feed, keep in ((PROMPT, 1), ([3], 1), ([4], 1), ([5, 6, 7, 8], 4)):
-            assert torch.equal(joined_lm.forward(feed, keep), reference_lm.forward(feed, keep))
+        for feed, rows in ((PROMPT, 1), ([3], 1), ([4], 1), ([5, 6, 7, 8], 4)):
+            assert torch.equal(joined_lm.forward(feed, rows), reference_lm.forward(feed, rows))
     group = attention.q_proj.group
     assert group.input is None and group.outputs == {}  # nothing held past the layer
     # a later sibling fed another tensor than the first was computes its own output
@@ -277,7 +277,7 @@ def test_what_reads_the_embedding_works_on_blocks_the_hidden_width_and_a_heads_r
     model = block_model()
     target = CachedModel(model)
     target.keep_hidden()
-    assert target.hidden.shape == (0, 256)  # utils/caching reads the width from the embedding's `weight`
+    assert target.hidden.shape == (0, 256)  # utils/runner reads the width from the embedding's `weight`
     vocab = torch.tensor([5, 17, 96, 0])
     head = random_head(model, "eagle", vocab=vocab)
     assert head.embed is model.get_input_embeddings()

@@ -9,7 +9,8 @@ import torch
 from sampling.base import DecodeConfig
 from sampling.drafters.model import ModelDrafter
 from sampling.speculative import Speculative
-from utils.caching import CachedModel, common_prefix_length, crop
+from utils.caching import common_prefix_length, crop
+from utils.runner import CachedModel
 
 PROMPT = [3, 17, 42, 8, 8, 61]
 
@@ -45,7 +46,7 @@ def test_extend_feeds_only_unseen_tokens_and_reuses_the_common_prefix(target_mod
     lm = CachedModel(target_model)
     fed = []
     original = lm.forward
-    lm.forward = lambda ids, keep=1, **kw: (fed.append(list(ids)), original(ids, keep, **kw))[1]
+    lm.forward = lambda ids, logits_rows=1, **kw: (fed.append(list(ids)), original(ids, logits_rows, **kw))[1]
     with torch.inference_mode():
         lm.extend(PROMPT)
         logits = lm.extend(PROMPT + [1, 2])  # a new turn: only the two new tokens are fed
@@ -84,7 +85,7 @@ def test_long_feeds_go_to_the_prefill_model_short_ones_to_the_model(target_model
 def test_extend_keep_returns_logits_for_the_last_positions(target_model):
     lm = CachedModel(target_model)
     with torch.inference_mode():
-        logits = lm.extend(PROMPT, keep=3)
+        logits = lm.extend(PROMPT, logits_rows=3)
     assert logits.shape == (3, target_model.config.vocab_size)
     assert torch.allclose(logits[-1], fresh_last_logits(target_model, PROMPT), atol=1e-10)
     assert torch.allclose(logits[0], fresh_last_logits(target_model, PROMPT[:-2]), atol=1e-10)
@@ -169,7 +170,7 @@ def test_compiled_step_takes_short_forwards_once_the_cache_holds_two(compiled_dr
             lm.crop(4)
             eager.crop(4)
             for ids in ([9], [10, 11]):  # a cropped cache: compiled too
-                assert torch.allclose(lm.forward(ids, keep=len(ids)), eager.forward(ids, keep=len(ids)), atol=1e-5)
+                assert torch.allclose(lm.forward(ids, len(ids)), eager.forward(ids, len(ids)), atol=1e-5)
     assert fed == [1, 2, 1, 1, 2]
     assert lm.tokens == eager.tokens == [3, 17, 5, 6, 9, 10, 11] and lm.cache.get_seq_length() == 7
 
@@ -303,9 +304,9 @@ def test_grouped_attention_shares_the_key_heads_under_a_mask_and_computes_what_s
     a, b = CachedModel(sdpa), CachedModel(grouped)
     with torch.inference_mode():
         for ids in (PROMPT, [5, 6, 7], [8], [9, 10]):  # rows after a cache come with a mask
-            expected = a.forward(ids, keep=len(ids))
+            expected = a.forward(ids, logits_rows=len(ids))
             monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention", spy)
-            got = b.forward(ids, keep=len(ids))
+            got = b.forward(ids, logits_rows=len(ids))
             monkeypatch.undo()
             assert torch.allclose(got, expected, atol=1e-5)
     assert (2, True, True) in calls  # two key heads for four query heads, masked: not repeated

@@ -17,7 +17,7 @@ from app.calibration import (
     tune,
 )
 from sampling.settings import StrategySettings
-from utils.caching import CachedModel
+from utils.runner import CachedModel
 
 
 def calibration(target_ms: dict[int, float], drafter_ms: float | None = 10.0) -> Calibration:

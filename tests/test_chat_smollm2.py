@@ -11,8 +11,8 @@ from app.engine import Engine
 from chat.session import ChatSession, ChatSettings, Message
 from chat.turn import View, run_turn
 from models.loading import load_pair
-from models.presets import ModelLoadError
 from utils.caching import common_prefix_length
+from utils.errors import ModelLoadError
 
 pytestmark = pytest.mark.slow
 

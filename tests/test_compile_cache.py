@@ -21,7 +21,7 @@ from app.flags import hold_torch_to
 hold_torch_to(sys.argv[1] or None)  # before torch loads, as infer.py and bench.py do
 import torch
 from tests.helpers import tiny_model
-from utils.caching import CachedModel
+from utils.runner import CachedModel
 lm = CachedModel(tiny_model(seed=1, layers=1, hidden=64, dtype=torch.float32))
 prompt = list(range(1, 12))
 def last_logits():

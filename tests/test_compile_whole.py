@@ -16,7 +16,7 @@ from sampling.drafters.model import ModelDrafter
 from sampling.speculative import Speculative
 from tests.helpers import random_head, tiny_model
 from tests.test_blocks import PROMPT, block_model
-from utils.caching import CachedModel
+from utils.runner import CachedModel
 
 
 class RowDependent(torch.nn.Module):

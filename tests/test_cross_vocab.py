@@ -26,8 +26,8 @@ from sampling.registry import build_strategy
 from sampling.settings import StrategySettings
 from tests.distribution import FALSE_ALARM, chi_square_test
 from tests.helpers import CHAT_TEMPLATE, REPO, WORD_CHAT_TEMPLATE, build_tokenizer, tiny_model, word_tokenizer
-from utils.caching import CachedModel
 from utils.logits_processor import GreedyProcessor, TopKProcessor
+from utils.runner import CachedModel
 
 QWEN_TOKENIZER = REPO / "tests" / "data" / "qwen2.5-tokenizer"
 TEXT = ("def add(a, b):\n    return a + b\n\nThe quick brown fox jumps over the lazy dog; naïve café, 日本語のテキスト "
@@ -47,7 +47,8 @@ def qwen(tmp_path_factory):
 @pytest.fixture(scope="module")
 def smollm2():
     from models.gguf import locate_parts
-    from models.presets import EMBEDDED, ModelLoadError
+    from models.presets import EMBEDDED
+    from utils.errors import ModelLoadError
 
     try:
         gguf = locate_parts(EMBEDDED["smollm2-135m"])[0]

@@ -9,8 +9,8 @@ from sampling.base import DecodeConfig
 from sampling.registry import build_strategy
 from sampling.settings import STRATEGIES
 from tests.helpers import random_heads, tiny_model
-from utils.caching import CachedModel
 from utils.logits_processor import TopKNucleusProcessor
+from utils.runner import CachedModel
 
 pytestmark = [pytest.mark.cuda, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
 PROMPT = [5, 17, 42, 8, 5, 17, 42, 9, 33, 5, 17]

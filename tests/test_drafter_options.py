@@ -12,8 +12,8 @@ from sampling.drafters.combined import CombinedDrafter
 from sampling.drafters.model import ModelDrafter
 from sampling.drafters.prompt_lookup import PromptLookupDrafter
 from sampling.speculative import Speculative
-from utils.caching import CachedModel
 from utils.logits_processor import GreedyProcessor, make_processor
+from utils.runner import CachedModel
 
 PROMPT = [5, 17, 42, 8, 5, 17, 42, 9, 33, 5, 17]
 CONFIG = DecodeConfig(max_new_tokens=40)

@@ -15,7 +15,7 @@ from sampling.drafters.prompt_lookup import PromptLookupDrafter
 from sampling.settings import StrategySettings
 from sampling.speculative import Speculative
 from tests.helpers import tiny_model
-from utils.caching import CachedModel
+from utils.runner import CachedModel
 
 PROMPT = [5, 17, 42, 8, 5, 17, 42, 9, 33, 5, 17]
 MAX_NEW = 48

@@ -8,7 +8,7 @@ from sampling.base import DecodeConfig, Result
 from sampling.drafters.phrases import PhraseDrafter, matching_tail
 from sampling.speculative import Speculative
 from tests.helpers import REPO
-from utils.caching import CachedModel
+from utils.runner import CachedModel
 
 PROMPT = [5, 17, 42, 8, 5, 17, 42, 9, 33, 5, 17]
 MAX_NEW = 40

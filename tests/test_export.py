@@ -35,8 +35,8 @@ from sampling.head_layouts import head_kind, write_eagle
 from sampling.heads import HeadConfig, build, eagle_config, load_head, save_head
 from sampling.settings import STRATEGIES, StrategySettings
 from tests.helpers import save_tiny_pair, tiny_model
-from utils.caching import CachedModel
 from utils.logits_processor import GreedyProcessor
+from utils.runner import CachedModel
 
 VLLM_SPECULATIVE_CONFIG_KEYS = {
     "enforce_eager", "num_speculative_tokens", "model", "method", "draft_tensor_parallel_size", "tensor_parallel_size",

@@ -8,7 +8,6 @@ import torch
 
 import train_head
 from models.loading import load_model
-from models.presets import ModelLoadError
 from sampling.autoregressive import Autoregressive
 from sampling.base import DecodeConfig
 from sampling.drafters.eagle import EagleDrafter
@@ -22,8 +21,9 @@ from tests.distribution import FALSE_ALARM, chi_square_test, exact_sequence_dist
 from tests.helpers import random_head, save_tiny_checkpoint, tiny_model
 from training.held_out import StoredFeatures
 from training.learning import draft_mask, losses
-from utils.caching import CachedModel
+from utils.errors import ModelLoadError
 from utils.logits_processor import GreedyProcessor, MultinomialProcessor, TopKNucleusProcessor
+from utils.runner import CachedModel
 
 PROMPTS = ([5, 9, 14, 3], [5, 9, 14, 3, 22, 8, 40], [71, 2])  # the second shares the first's beginning
 

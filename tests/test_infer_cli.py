@@ -239,7 +239,7 @@ def test_drafting_flags_reach_the_strategy_settings():
 
 def test_verify_reaches_the_loader(monkeypatch):
     from models import loading
-    from models.presets import ModelLoadError
+    from utils.errors import ModelLoadError
 
     seen = {}
 

@@ -12,7 +12,7 @@ from sampling.base import DecodeConfig
 from sampling.drafters.model import ModelDrafter
 from sampling.speculative import Speculative
 from tests.helpers import tiny_model
-from utils.caching import CachedModel
+from utils.runner import CachedModel
 
 
 def test_codes_and_scales_rebuild_each_weight_within_half_a_step():

@@ -25,7 +25,7 @@ from sampling.base import DecodeConfig, Stats
 from sampling.drafters.model import ModelDrafter
 from sampling.speculative import Speculative
 from tests.helpers import load_tiny_pair, noisy_copy, tiny_model
-from utils.caching import CachedModel
+from utils.runner import CachedModel
 
 PROMPT = [5, 17, 42, 8, 5, 17, 42, 9, 33, 5, 17]
 
@@ -87,8 +87,8 @@ def test_rowwise_attention_equals_sdpa_for_chains_and_trees():
     with torch.inference_mode():
         for lm in (sdpa, rowwise):
             lm.forward(PROMPT)
-        torch.testing.assert_close(rowwise.forward([1, 2, 3, 4], keep=4), sdpa.forward([1, 2, 3, 4], keep=4),
-                                   rtol=0, atol=1e-10)
+        torch.testing.assert_close(rowwise.forward([1, 2, 3, 4], logits_rows=4),
+                                   sdpa.forward([1, 2, 3, 4], logits_rows=4), rtol=0, atol=1e-10)
         parents = [-1, -1, 0, 0, 2]
         torch.testing.assert_close(rowwise.extend_tree(PROMPT, [6, 9, 12, 15, 18], parents),
                                    sdpa.extend_tree(PROMPT, [6, 9, 12, 15, 18], parents), rtol=0, atol=1e-10)

@@ -32,11 +32,11 @@ from models.formats.prepack import available as prepack_available
 from models.formats.q4k import Q4KLinear
 from models.formats.quantize import resolve_quantize
 from models.loading import LoadedModel, load_model, load_pair
-from models.presets import EMBEDDED, PRESETS, EmbeddedModel, ModelLoadError, Preset, default_cache_dir, resolve_preset
+from models.presets import EMBEDDED, PRESETS, EmbeddedModel, Preset, default_cache_dir, resolve_preset
 from models.store import CacheLayout, is_complete
 from models.vocab import end_token_ids, vocab_notice
 from tests.helpers import WORD_CHAT_TEMPLATE, q4k_gguf, save_tiny_checkpoint, word_tokenizer
-from utils.errors import REASON_CHARS, one_line
+from utils.errors import REASON_CHARS, ModelLoadError, one_line
 
 REPO = Path(__file__).resolve().parent.parent
 

@@ -15,8 +15,9 @@ from sampling.speculative import Speculative
 from sampling.verify import accept_stochastic, accept_tree_greedy, accept_tree_stochastic
 from tests.distribution import FALSE_ALARM, chi_square_test, exact_sequence_distribution
 from tests.helpers import tiny_model
-from utils.caching import CachedModel, tree_attention
+from utils.caching import tree_attention
 from utils.logits_processor import GreedyProcessor, MultinomialProcessor, TopKProcessor
+from utils.runner import CachedModel
 
 PROMPT = [5, 17, 42, 8, 5, 17, 42, 9, 33, 5, 17]  # repetitive: the pool has something to offer
 MAX_NEW = 40
@@ -75,11 +76,11 @@ def test_both_branches_are_accepted_from(target_model):
 
 
 def test_cache_after_a_moved_path_gives_the_logits_of_a_fresh_forward(target_model):
-    """`keep` moves a tree path that is not the first rows in place; the next logits equal a fresh forward."""
+    """`crop_to_path` moves a tree path that is not the first rows in place; the next logits equal a fresh forward."""
     target = CachedModel(target_model)
     tokens, parents = [7, 8, 9, 10, 11], [-1, 0, -1, 2, 3]  # two branches; the path 9, 10, 11 sits at rows 2..4
     target.extend_tree(PROMPT, tokens, parents)
-    target.keep(len(PROMPT), [len(PROMPT) + i for i in (2, 3, 4)])
+    target.crop_to_path(len(PROMPT), [len(PROMPT) + i for i in (2, 3, 4)])
     assert target.tokens == PROMPT + [9, 10, 11] and target.cache.get_seq_length() == len(PROMPT) + 3
     fresh = target_model(torch.tensor([PROMPT + [9, 10, 11, 12]])).logits[0, -1]
     torch.testing.assert_close(target.forward([12])[0], fresh, rtol=1e-9, atol=1e-9)

@@ -20,8 +20,8 @@ from sampling.speculative import Speculative
 from sampling.verify import accept_stochastic
 from tests.distribution import FALSE_ALARM, chi_square_test, exact_sequence_distribution
 from tests.helpers import tiny_model
-from utils.caching import CachedModel
 from utils.logits_processor import MultinomialProcessor, NucleusProcessor, TopKNucleusProcessor, TopKProcessor
+from utils.runner import CachedModel
 
 VOCAB, LENGTH, RUNS = 6, 3, 1500
 PROMPT = [1, 4, 2]

@@ -15,12 +15,13 @@ from app.flags import FlagError, add_model_flags, check_model_names, model_choic
 from models import invariance
 from models.loading import LoadedPair, load_model, load_pair
 from models.placement import Placement, check_device_map_name, describe, parse_max_memory
-from models.presets import ModelLoadError, resolve_preset
+from models.presets import resolve_preset
 from sampling.base import DecodeConfig
 from sampling.registry import build_strategy
 from tests.helpers import save_tiny_checkpoint
-from utils.caching import CachedModel, input_device
+from utils.errors import ModelLoadError
 from utils.logits_processor import TopKProcessor
+from utils.runner import CachedModel, input_device
 
 PROMPT = [5, 17, 42, 8, 5, 17, 42, 9, 33, 5, 17]
 LAYER_BYTES = 4 * (4 * 64 * 64 // 2 + 3 * 64 * 128 + 64)  # a float32 decoder layer of the tiny target below, roughly
@@ -92,10 +93,10 @@ def test_the_probe_runs_on_a_target_all_on_disk(on_disk):
 
 
 def test_a_split_target_rolls_a_token_tree_back_layer_by_layer(split):
-    """`keep` moves a tree's accepted rows in every layer's cache on that layer's device, like a fresh forward."""
+    """`crop_to_path` moves a tree's accepted rows in every layer's cache on its layer's device, as a fresh forward."""
     lm = CachedModel(split.model)
     lm.extend_tree(PROMPT, [3, 4, 7], [-1, -1, 1])  # nodes 0 and 1 are siblings; 2 follows 1
-    lm.keep(len(PROMPT), [len(PROMPT) + 1, len(PROMPT) + 2])
+    lm.crop_to_path(len(PROMPT), [len(PROMPT) + 1, len(PROMPT) + 2])
     fresh = CachedModel(split.model)
     expected = fresh.extend(PROMPT + [4, 7, 9])
     assert lm.tokens == PROMPT + [4, 7]

@@ -21,10 +21,10 @@ from chat.repl import ChatRepl
 from chat.session import ChatSession, ChatSettings, ModelInfo
 from models.loading import load_model
 from models.placement import Placement
-from models.presets import ModelLoadError
 from sampling.settings import StrategySettings
 from tests.helpers import load_tiny_pair, save_tiny_checkpoint
-from utils.caching import CachedModel
+from utils.errors import ModelLoadError
+from utils.runner import CachedModel
 
 
 class Recorder:

@@ -14,9 +14,9 @@ from sampling.registry import build_strategy
 from sampling.settings import STRATEGIES, StrategySettings
 from sampling.speculative import Speculative
 from tests.helpers import random_heads
-from utils.caching import CachedModel
 from utils.checks import SettingError
 from utils.logits_processor import GreedyProcessor
+from utils.runner import CachedModel
 
 PROMPT = [2, 7, 1, 8, 2, 8]
 

@@ -14,9 +14,10 @@ from app.yardstick import NEW_TOKENS, PROMPT, Yardstick, yardstick
 from benchmarks.llamacpp import binary, plain_run
 from chat.render import ComparisonRow, comparison_table
 from models.gguf import locate_parts
-from models.presets import EMBEDDED, ModelLoadError
+from models.presets import EMBEDDED
 from sampling.base import Round, Stats
 from tests.helpers import build_tokenizer
+from utils.errors import ModelLoadError
 
 LOG = """
 0.07.717.454 I common_perf_print: prompt eval time =    1000.00 ms /    38 tokens (   33.78 ms per token,    29.60 tokens per second)

@@ -1,24 +1,19 @@
-"""KV-cache helpers on transformers Cache objects, and the invariant every strategy keeps.
+"""The KV cache: its storage (`GrowingLayer`, crops, moved rows) and the invariant every strategy keeps.
 
-THE INVARIANT. A `CachedModel`'s `tokens` are exactly the tokens whose keys and values its cache holds, at positions
+THE INVARIANT. A `CachedTokens`' `tokens` are exactly the tokens whose keys and values its cache holds, at positions
 0..len(tokens)-1. A strategy keeps, after every round: the target's cache holds every committed token but the last;
-the last committed token is the next input. A model is only ever fed the tokens its cache has not seen.
+the last committed token is the next input. A model is only ever fed the tokens its cache has not seen
+(`utils.runner.CachedModel` feeds them).
 """
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Callable
-from typing import Any, cast
+from typing import cast
 
 import torch
 from torch import Tensor
 from transformers import DynamicCache
 from transformers.cache_utils import CacheLayerMixin, DynamicLayer
-
-from utils.compiling import every_size
-
-LAST_HIDDEN = -1  # `output_hidden_states` selecting the last one only (transformers takes an index)
 
 
 class GrowingLayer(DynamicLayer):
@@ -138,7 +133,7 @@ def done_with_step(cache: DynamicCache) -> None:
             layer.ready = False
 
 
-def _holds_buffers(cache: DynamicCache) -> bool:
+def holds_buffers(cache: DynamicCache) -> bool:
     """Whether every growing layer of `cache` has its buffers (a compiled graph writes into them)."""
     growing = [layer for layer in cache.layers if isinstance(layer, GrowingLayer) and layer.grows]
     return all(layer._buffers[0] is not None for layer in growing)
@@ -193,13 +188,6 @@ def tree_attention(parents: list[int]) -> tuple[Tensor, Tensor]:
     return sees, torch.tensor(depth, dtype=torch.long)
 
 
-def input_device(model) -> torch.device:
-    """Where a model's input ids go: its first weight's device; the CPU for a weight accelerate offloaded to disk
-    (a meta tensor), whose hooks move each layer's inputs to where it runs and the outputs back to the inputs'."""
-    device = next(model.parameters()).device
-    return torch.device("cpu") if device.type == "meta" else device
-
-
 def common_prefix_length(a: list[int], b: list[int]) -> int:
     n = min(len(a), len(b))
     if a[:n] == b[:n]:
@@ -210,129 +198,34 @@ def common_prefix_length(a: list[int], b: list[int]) -> int:
     return i
 
 
-class CachedModel:
-    """A causal LM with its own DynamicCache and the list of tokens that cache holds (batch of one).
+class CachedTokens:
+    """A DynamicCache and the list of tokens it holds (batch of one), kept to THE INVARIANT; `with_hidden`: also
+    the last hidden state of every cached token, row for row with `tokens`, through crops and moved rows alike."""
 
-    `prefill_model`: the same weights in another form, fed every forward of at least `prefill_from` tokens (prompts)
-    while `model` takes the short ones (decoding). A low-bit model decodes faster than a dense one on a CPU, where a
-    one-token forward is bound by the bytes of weights read, but prefills several times slower (docs/formats.md). Both
-    fill the one cache; drafts from it are verified as always.
-
-    `step_model`: `model` compiled for short forwards (`compile_step`), which it then takes for every forward of
-    fewer than `prefill_from` tokens once the cache holds two tokens or more (a cache of 0 or 1 would compile a graph
-    of its own: torch specializes those sizes): a drafter's first forward of a round feeds the tokens the target
-    accepted after its drafts, often two.
-
-    `whole_model`: `model` compiled for every forward (`compile_whole`, the target's), which it then takes for all of
-    them, prompts and token trees too, so that every row the cache holds and every logit comes from the one graph.
-    It is handed over by `adopt_compiled`, between turns: a turn runs one graph from its start to its end. It gives
-    the last hidden states too, so a draft head reads them from the graph.
-
-    `keep_hidden()`: from then on `hidden` also holds the model's last hidden state (after its final norm) of every
-    cached token, row for row with `tokens`, through crops and moved rows alike: what draft heads read.
-
-    `min_rows`: every forward runs at least this many rows. A shorter one (a one-token step) gets spare rows after its
-    tokens, which no real row attends to, and they are dropped from the cache and the logits: on a CPU whose kernels
-    compute a lone row differently from the same row among several, a step then rounds as a verify's rows do
-    (`models.invariance` measures which this machine needs).
-    """
-
-    def __init__(self, model, prefill_model=None, prefill_from: int = 8):
-        self.model, self.prefill_model, self.prefill_from = model, prefill_model, prefill_from
-        self.step_model: Callable[..., Any] | None = None
-        self.whole_model: Callable[..., Any] | None = None
-        self._compiled_whole: Callable[..., Any] | None = None  # ready, not yet adopted
-        self.cache = new_cache(model.config)
+    def __init__(self, config, with_hidden: bool = False):
+        self.config = config
+        self.cache = new_cache(config)
         self.tokens: list[int] = []
-        self.forwards = 0
-        self.min_rows = 1
-        self.device = input_device(model)
-        self.keeps_hidden = False
+        self.with_hidden = with_hidden
         self._hidden: Tensor | None = None  # (capacity, H) float32; rows beyond len(tokens) are stale
 
-    def keep_hidden(self) -> None:
-        """Record hidden states from the next forward on (the cached tokens before it have none: they are dropped)."""
-        if not self.keeps_hidden:
-            self.keeps_hidden = True
-            self.reset()
-
-    @property
-    def hidden(self) -> Tensor:
-        """(len(tokens), H) the last hidden state of every cached token (`keep_hidden`)."""
-        if not self.keeps_hidden:
-            raise ValueError("this model does not keep its hidden states: call keep_hidden() first")
-        if self._hidden is None:
-            width = self.model.get_input_embeddings().embedding_dim
-            return torch.empty(0, width, device=self.device)
-        return self._hidden[: len(self.tokens)]
-
-    @property
-    def max_length(self) -> int:
-        return getattr(self.model.config, "max_position_embeddings", None) or 1 << 31
-
-    @property
-    def vocab_size(self) -> int:
-        return self.model.get_output_embeddings().out_features
-
-    def reset(self) -> None:
-        self.crop(0)
+    def hidden(self) -> Tensor | None:
+        """(len(tokens), H) the last hidden state of every cached token; None before any was recorded."""
+        return None if self._hidden is None else self._hidden[: len(self.tokens)]
 
     def crop(self, length: int) -> None:
         crop(self.cache, length)
         del self.tokens[length:]
 
-    def forward(self, ids: list[int], keep: int = 1, **model_kwargs) -> Tensor:
-        """Feed `ids` after the cached tokens; logits of the last `keep` positions, (keep, V), float32 or wider.
-
-        `model_kwargs` (a 4D `attention_mask`, `position_ids`) are for tree-shaped input (`extend_tree`); the cache
-        must then be brought back to committed tokens (`keep`).
-        """
-        start = len(self.tokens)
-        spare = 0 if model_kwargs else max(self.min_rows - len(ids), 0)  # a tree's rows come with their own mask
-        whole = self.whole_model is not None
-        if whole and not _holds_buffers(self.cache):  # a new cache: the graph writes into buffers made beforehand
-            self._start_buffers()
-        step = whole or (self.step_model is not None and 0 < len(ids) < self.prefill_from and not spare and start >= 2
-                         and not model_kwargs and not self.keeps_hidden)
-        if step:
-            reserve(self.cache, start + len(ids) + spare)  # the compiled graph writes the new rows in place
-        fed = ids + ids[-1:] * spare
-        if whole and not model_kwargs:  # as a tree's rows come: one graph for both, whatever the rows
-            allowed = torch.ones(len(fed), start + len(fed), dtype=torch.bool).tril(start)
-            model_kwargs = self._masked(allowed, torch.arange(start, start + len(fed)))
-        if self.keeps_hidden or whole:  # the graph always gives it: one graph with a draft head or without
-            model_kwargs["output_hidden_states"] = LAST_HIDDEN
-        if "position_ids" not in model_kwargs:
-            model_kwargs["position_ids"] = torch.arange(start, start + len(fed), device=self.device)[None]
-        input_ids = torch.tensor([fed], dtype=torch.long, device=self.device)
-        if whole:  # a batch of one, a mask broadcast over the heads: sizes of 1 the graph may rely on
-            torch._dynamo.mark_static(input_ids, 0)
-            for dim in (0, 1):
-                torch._dynamo.mark_static(model_kwargs["attention_mask"], dim)
-        try:
-            prefill = self.prefill_model is not None and len(ids) >= self.prefill_from
-            model = self.prefill_model if prefill else self.model
-            if whole or (step and self.step_model is not None):  # a graph's module has no truth value: no `or`
-                model = self.whole_model if whole else self.step_model
-            if self.prefill_model is not None:  # two dtypes may share this cache
-                self._cache_in((self.prefill_model if prefill else self.model).dtype)
-            with (torch.inference_mode() if step else contextlib.nullcontext(),  # the graph was compiled for it
-                  every_size() if whole else contextlib.nullcontext()):  # as it was compiled, should it recompile
-                out = model(input_ids=input_ids, past_key_values=self.cache, use_cache=True,
-                            logits_to_keep=keep + spare, **model_kwargs)
-            if step:
-                done_with_step(self.cache)
-            if spare:
-                crop(self.cache, start + len(ids))
-        except BaseException:  # e.g. Ctrl-C: some layers may hold the new tokens and others not
-            self.cache, self.tokens = new_cache(self.model.config), []
-            raise
-        if self.keeps_hidden:
-            self._store_hidden(start, out.hidden_states[-1][0, : len(ids)])
+    def append(self, ids: list[int], hidden: Tensor | None = None) -> None:
+        """`ids` now held by the cache after the tokens before them; `hidden` (len(ids), H) their hidden states."""
+        if hidden is not None:
+            self._store_hidden(len(self.tokens), hidden)
         self.tokens.extend(ids)
-        self.forwards += 1
-        logits = out.logits[0, -keep - spare:][:keep]
-        return logits if logits.dtype == torch.float64 else logits.float()
+
+    def drop(self) -> None:
+        """A new, empty cache: for a forward cut short, after which some layers may hold its tokens and others not."""
+        self.cache, self.tokens = new_cache(self.config), []
 
     def _store_hidden(self, start: int, rows: Tensor) -> None:
         end = start + len(rows)
@@ -344,91 +237,16 @@ class CachedModel:
             self._hidden = grown
         self._hidden[start:end] = rows.float()
 
-    def _cache_in(self, dtype: torch.dtype) -> None:
-        """The cached keys and values in `dtype`: a prefill model may compute in another dtype than the decoding one
-        (float32 prefill, int4 weights with bfloat16 activations for the steps on a CPU without native bf16)."""
-        for layer in self.cache.layers:  # no public Cache API casts; the same per-layer keys and values as `keep`
+    def cast(self, dtype: torch.dtype) -> None:
+        """The cached keys and values in `dtype`: two forms of a model in other dtypes may share this cache."""
+        for layer in self.cache.layers:  # no public Cache API casts; the same per-layer keys and values as below
             if (isinstance(layer, CacheLayerMixin) and layer.keys is not None and layer.values is not None
                     and layer.keys.dtype != dtype):
                 layer.keys, layer.values = layer.keys.to(dtype), layer.values.to(dtype)
 
-    def compile_step(self, workers: int | None = None) -> float:
-        """`model` compiled for short forwards, taken at once (`utils.compiling.compile_step`); the seconds it took."""
-        from utils.compiling import compile_step
-
-        return compile_step(self, workers)
-
-    def compile_whole(self, workers: int | None = None) -> float:
-        """`model` compiled for every forward and checked, ready for `adopt_compiled` (`utils.compiling
-        .compile_whole`); the seconds it took. ValueError where it cannot serve."""
-        from utils.compiling import compile_whole
-
-        self._compiled_whole, seconds = compile_whole(self, workers)
-        return seconds
-
-    def prepare_whole(self) -> None:
-        """What `compile_whole` needs done on the decoding thread when it runs on another: transformers installs its
-        hidden-state hooks under a lock at the first forward asking for them, and a compile held at a pause while
-        holding it would stall a turn's forward that asks too (a draft head's). One eager token, on a scratch cache."""
-        CachedModel(self.model)._start_buffers()
-
-    def adopt_compiled(self) -> bool:
-        """Take the graph `compile_whole` made for every forward from now on (between turns); whether one runs."""
-        if self._compiled_whole is not None:
-            self.whole_model, self._compiled_whole = self._compiled_whole, None
-        return self.whole_model is not None
-
-    def _start_buffers(self) -> None:
-        """Make a new cache's buffers (one token fed eagerly, then dropped): a compiled graph writes into them. The
-        same forward installs transformers' hooks that give the hidden states, which a graph cannot install."""
-        with torch.inference_mode():
-            self.model(input_ids=torch.zeros(1, 1, dtype=torch.long, device=self.device), past_key_values=self.cache,
-                       use_cache=True, logits_to_keep=1, output_hidden_states=LAST_HIDDEN)
-        crop(self.cache, 0)
-
-    def extend(self, seq: list[int], keep: int = 1) -> Tensor:
-        """Make the cache hold `seq` and return the logits of its last `keep` positions, (keep, V).
-
-        Reuses the longest common prefix with what is cached (multi-turn reuse, drafter re-sync after a rejection or
-        after all drafts were accepted) and feeds only the rest; the last `keep` tokens are always fed.
-        """
-        if len(seq) > self.max_length:
-            raise ValueError(f"sequence of {len(seq)} tokens exceeds the model's context of {self.max_length}")
-        reuse = min(common_prefix_length(self.tokens, seq), len(seq) - keep)
-        self.crop(reuse)
-        return self.forward(seq[reuse:], keep)
-
-    def extend_tree(self, seq: list[int], tree: list[int], parents: list[int]) -> Tensor:
-        """`extend(seq)`, then a token tree after its last token in the same forward; (1 + len(tree), V) logits.
-
-        Row 0 is the last token of `seq`, row 1 + i tree node `tree[i]`, which sees `seq` and its own ancestors
-        (`tree_attention(parents)`) at position len(seq) - 1 + depth. The cache then holds the tree's rows after `seq`:
-        `keep` the accepted ones.
-        """
-        if not tree:  # a plain forward: it takes `min_rows` as a step does
-            return self.extend(seq)
-        sees, depth = tree_attention(parents)
-        if len(seq) + (int(depth.max()) if len(tree) else 0) > self.max_length:
-            raise ValueError(f"{len(seq)} tokens and a tree draft exceed the model's context of {self.max_length}")
-        reuse = min(common_prefix_length(self.tokens, seq), len(seq) - 1)
-        self.crop(reuse)
-        fresh = len(seq) - reuse
-        allowed = torch.ones(fresh + len(tree), len(seq) + len(tree), dtype=torch.bool)  # (new rows, all columns)
-        allowed[:fresh, reuse:] = allowed[:fresh, reuse:].tril()  # causal over the fresh tokens, blind to the tree
-        allowed[fresh:, len(seq):] = sees
-        positions = torch.cat([torch.arange(reuse, len(seq)), len(seq) - 1 + depth])
-        return self.forward(seq[reuse:] + tree, 1 + len(tree), **self._masked(allowed, positions))
-
-    def _masked(self, allowed: Tensor, positions: Tensor) -> dict[str, Tensor]:
-        """The model's keyword arguments for rows that see the keys where `allowed` (new rows, all keys) is True,
-        at `positions`."""
-        dtype = self.model.dtype  # an additive float mask: eager attention adds it, SDPA takes it as is
-        mask = torch.zeros(allowed.shape, dtype=dtype).masked_fill(~allowed, torch.finfo(dtype).min)
-        return {"attention_mask": mask[None, None].to(self.device), "position_ids": positions[None].to(self.device)}
-
-    def keep(self, length: int, rows: list[int]) -> None:
-        """Keep the first `length` cached tokens, then the cached rows `rows` (ascending, >= length) moved up behind
-        them: after a tree forward, the accepted path. Rows length, length + 1, ... make this a plain `crop`.
+    def crop_to_path(self, length: int, rows: list[int]) -> None:
+        """Roll back to the first `length` cached tokens, then the cached rows `rows` (ascending, >= length) moved up
+        behind them: after a tree forward, the accepted path. Rows length, length + 1, ... make this a plain `crop`.
 
         Exact: a tree node's keys and values depend only on its ancestors, and its position (by depth) is the one the
         path gives it in the sequence.
@@ -445,6 +263,6 @@ class CachedModel:
                 layer.keys[..., dst, :] = layer.keys[..., at, :]
                 layer.values[..., dst, :] = layer.values[..., at, :]
             self.tokens[dst] = [self.tokens[r] for r in rows[moved:]]
-            if self.keeps_hidden and self._hidden is not None:
+            if self.with_hidden and self._hidden is not None:
                 self._hidden[dst] = self._hidden[src.to(self._hidden.device)]
         self.crop(length + len(rows))

@@ -1,8 +1,12 @@
-"""The one-line reason a loader message quotes from the exception that caused it."""
+"""The project's own errors, and the one-line reason a message quotes from the exception that caused it."""
 
 from __future__ import annotations
 
 REASON_CHARS = 400
+
+
+class ModelLoadError(Exception):
+    """A model could not be loaded. The message says what was tried and how to fix it."""
 
 
 def one_line(error: BaseException) -> str:

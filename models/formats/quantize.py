@@ -7,7 +7,8 @@ from transformers import PreTrainedModel
 
 from models.formats.int4 import to_int4
 from models.formats.int8 import to_int8
-from models.presets import QUANTIZE_CHOICES, ModelLoadError
+from models.presets import QUANTIZE_CHOICES
+from utils.errors import ModelLoadError
 
 LOW_BIT_CPU = ("int4", "int8")  # torch's packed CPU kernels, which take bfloat16 activations
 # formats with float32 around their layers, CPU only: (the kernel they run on, what their layers are)

@@ -15,7 +15,7 @@ from utils.checks import integer
 from utils.logits_processor import LogitsProcessor
 
 if TYPE_CHECKING:
-    from utils.caching import CachedModel
+    from utils.runner import CachedModel
 
 
 @dataclass

@@ -8,8 +8,8 @@ from torch import Tensor
 from sampling.drafters.base import Draft, Drafter
 from sampling.drafters.prompt_lookup import PromptLookupDrafter
 from sampling.settings import check
-from utils.caching import CachedModel
 from utils.logits_processor import LogitsProcessor
+from utils.runner import CachedModel
 
 
 class CombinedDrafter(Drafter):

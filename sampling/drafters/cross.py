@@ -15,7 +15,7 @@ from utils.logits_processor import LogitsProcessor
 
 if TYPE_CHECKING:
     from models.retokenize import Retokenizer
-    from utils.caching import CachedModel
+    from utils.runner import CachedModel
 
 
 @dataclass

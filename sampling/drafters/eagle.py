@@ -10,8 +10,9 @@ from torch import Tensor
 from sampling.drafters.base import Draft
 from sampling.drafters.head import HeadDrafter
 from sampling.heads import DraftHead, HeadCache
-from utils.caching import CachedModel, common_prefix_length, tree_attention
+from utils.caching import common_prefix_length, tree_attention
 from utils.logits_processor import LogitsProcessor
+from utils.runner import CachedModel
 
 
 class EagleDrafter(HeadDrafter):

@@ -18,7 +18,8 @@ from torch import Tensor
 from sampling.drafters.base import Draft, Drafter, check_tree_size
 from sampling.heads import DraftHead
 from sampling.settings import check
-from utils.caching import CachedModel, common_prefix_length
+from utils.caching import common_prefix_length
+from utils.runner import CachedModel
 
 
 class HeadDrafter(Drafter):

@@ -7,8 +7,8 @@ import torch
 from sampling.drafters.base import Draft
 from sampling.drafters.head import HeadDrafter
 from sampling.heads import DraftHead
-from utils.caching import CachedModel
 from utils.logits_processor import LogitsProcessor
+from utils.runner import CachedModel
 
 
 class MedusaDrafter(HeadDrafter):

@@ -7,8 +7,8 @@ from torch import Tensor
 
 from sampling.drafters.base import Draft, Drafter, check_tree_size
 from sampling.settings import check
-from utils.caching import CachedModel
 from utils.logits_processor import LogitsProcessor
+from utils.runner import CachedModel
 
 
 class ModelDrafter(Drafter):
