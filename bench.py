@@ -39,13 +39,13 @@ from app.flags import (
 
 # Only what the flags need: torch and transformers are imported once the flags are checked (main), so that a bad flag
 # is refused at once, not after seconds of imports.
-from benchmarks.names import HF_BASELINES, LLAMACPP, NEEDS_SAME_VOCAB, REFERENCE
-from benchmarks.prompts import DEFAULT_PROMPTS, Prompt, load_prompts
+from benchmarks.names import DEFAULT_PROMPTS, HF_BASELINES, LLAMACPP, NEEDS_SAME_VOCAB, REFERENCE
 from models.presets import default_cache_dir, resolve_preset
 from sampling.settings import NEEDS_DRAFTER, NEEDS_HEAD, STRATEGIES, StrategySettings
 from utils.checks import SettingError, integer
 from utils.errors import ModelLoadError
 from utils.paths import output_dir_problem
+from utils.prompts import Prompt, load_prompts
 
 if TYPE_CHECKING:
     from app.calibration import Calibration
@@ -392,8 +392,8 @@ def make_report(args: argparse.Namespace, argv: list[str] | None, prompts: list[
     """results.json's content: the machine, the configuration, the costs, the summary and every measurement."""
     from benchmarks.costs import measure_costs, timing_context
     from benchmarks.hf_baselines import sampling_kwargs, sklearn_available
-    from benchmarks.prompts import count_by_category
     from benchmarks.report import machine_description, summarize
+    from utils.prompts import count_by_category
 
     target, drafter, universal = models.pair.target, models.pair.drafter, models.universal
     settings, compiled, contestants = started.settings, started.compiled, measured.contestants

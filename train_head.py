@@ -195,7 +195,7 @@ def export_eagle(args) -> int:
 
 def read_prompts(paths: list[str]) -> list[str]:
     """Every prompt's first turn; ValueError or FileNotFoundError (one line) for a bad file or none at all."""
-    from benchmarks.prompts import load_prompts
+    from utils.prompts import load_prompts
 
     prompts = [p.turns[0] for path in paths for p in load_prompts(path, default_category="-")]
     if not prompts:

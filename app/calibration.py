@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import datetime
 import math
-import statistics
 import sys
 import time
 from collections.abc import Callable
@@ -26,6 +25,7 @@ from models.invariance import Invariance
 from sampling.settings import CALIBRATED, StrategySettings
 from utils.files import checked, key_file, read_record, write_record  # per key: "" timings, "invariance" the probe
 from utils.runner import CachedModel
+from utils.timing import time_forwards
 
 WIDTHS = (1, 2, 3, 4, 5, 6, 8, 10, 12, 14, 16, 20)  # new tokens per timed target forward
 CONTEXT = 128  # cached tokens when the forwards are timed: a short chat turn
@@ -34,31 +34,6 @@ TREE_SLACK = 1.05  # the verify width grows past the chain while a forward costs
 MAX_GAMMA = 16
 SCHEMA = 3  # 3: the fastest of the repeats, the widths in turn (was their median, one width after another)
 PROBE_SCHEMA = 1  # the row-invariance record (models/invariance.py); raised when the probe or the paths change
-
-
-def time_forward(lm: CachedModel, context: list[int], new: list[int], repeats: int) -> float:
-    """Median seconds of one forward over `new` after `context` is cached; the cache is rolled back each time."""
-    return statistics.median(time_forwards(lm, context, [new], repeats)[0])
-
-
-def time_forwards(lm: CachedModel, context: list[int], news: list[list[int]], repeats: int) -> list[list[float]]:
-    """Seconds of each forward over one of `news` after `context` is cached, `repeats` times each, the forwards taken
-    in turn (a slow spell of the machine falls on all of them alike); the cache is rolled back after each."""
-    lm.reset()
-    samples: list[list[float]] = [[] for _ in news]
-    with torch.inference_mode():
-        lm.forward(context)
-        for new in news:  # one untimed pass: first-call allocations
-            lm.forward(new)
-            lm.crop(len(context))
-        for _ in range(repeats):
-            for new, times in zip(news, samples, strict=True):
-                start = time.perf_counter()
-                lm.forward(new)
-                times.append(time.perf_counter() - start)
-                lm.crop(len(context))
-    lm.reset()
-    return samples
 
 
 @dataclass(frozen=True)

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
-from app.calibration import time_forward
 from utils.runner import CachedModel
+from utils.timing import time_forward
 
 
 @dataclass(frozen=True)

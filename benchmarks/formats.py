@@ -23,9 +23,8 @@ import sys
 import torch
 from transformers import AutoModelForCausalLM
 
-from app.calibration import time_forward
 from benchmarks.accuracy import Agreement, next_token_logits, perplexity
-from benchmarks.prompts import DEFAULT_PROMPTS
+from benchmarks.names import DEFAULT_PROMPTS
 from models import invariance
 from models.formats import blocks, q4k
 from models.formats.int4 import to_int4
@@ -36,6 +35,7 @@ from models.loading import load_model
 from models.presets import EMBEDDED, default_cache_dir
 from models.store import embedded_gguf
 from utils.runner import CachedModel
+from utils.timing import time_forward
 
 TARGET = "qwen2.5-coder-1.5b"
 FORMATS = ("float32", "float32-prepacked", "bfloat16", "int8", "int4", "q4k", "gguf", "q8_0", "gguf-compiled")

@@ -1,7 +1,11 @@
-"""The benchmark's contestants by name: plain data, importable without torch (bench.py checks --strategies before it
-imports torch)."""
+"""The benchmark's contestants by name and its prompt set: plain data, importable without torch (bench.py checks
+--strategies before it imports torch)."""
 
 from __future__ import annotations
+
+from pathlib import Path
+
+DEFAULT_PROMPTS = Path(__file__).with_name("prompts.jsonl")  # read by `utils.prompts.load_prompts`
 
 HF_BASELINES = ("hf_generate", "hf_assisted", "hf_assisted_gamma", "hf_assisted_int8", "hf_assisted_int4",
                 "hf_universal", "hf_prompt_lookup")

@@ -24,8 +24,8 @@ from tqdm import tqdm
 
 from benchmarks.contestants import Contestant
 from benchmarks.names import REFERENCE
-from benchmarks.prompts import Prompt
 from sampling.base import DecodeConfig, Result
+from utils.prompts import Prompt
 
 
 @dataclass(frozen=True)

@@ -24,7 +24,7 @@ import urllib.request
 from pathlib import Path
 
 from app.flags import FlagError, add_model_flags, check_model_names, model_choice
-from benchmarks.prompts import load_prompts
+from utils.prompts import load_prompts
 
 CONTESTANTS = ("engine", "api", "api-stream")
 

@@ -6,7 +6,8 @@ from pathlib import Path
 import pytest
 
 from app.text import chat_ids
-from benchmarks.prompts import DEFAULT_PROMPTS, count_by_category, load_prompts
+from benchmarks.names import DEFAULT_PROMPTS
+from utils.prompts import count_by_category, load_prompts
 
 SHARED = Path(__file__).resolve().parents[2] / "shared" / "bench"
 

@@ -1,4 +1,5 @@
-"""Prompt sets in the SpecBench / MT-bench layout: one JSON object per line with `category` and `turns`."""
+"""Prompt sets in the SpecBench / MT-bench layout (one JSON object per line with `category` and `turns`), and a
+conversation's token ids: what the benchmark measures on and a draft head is trained on."""
 
 from __future__ import annotations
 
@@ -9,8 +10,6 @@ from pathlib import Path
 
 from utils.checks import integer
 
-DEFAULT_PROMPTS = Path(__file__).with_name("prompts.jsonl")
-
 
 @dataclass(frozen=True)
 class Prompt:
@@ -19,7 +18,7 @@ class Prompt:
     turns: tuple[str, ...]  # user turns; a multi-turn prompt answers each before the next is asked
 
 
-def load_prompts(path: Path | str = DEFAULT_PROMPTS, categories: list[str] | None = None,
+def load_prompts(path: Path | str, categories: list[str] | None = None,
                  limit: int | None = None, default_category: str | None = None) -> list[Prompt]:
     """The prompts of a JSONL file, in file order; `categories` keeps those, `limit` keeps at most that many per
     category (so a limited run still covers every category). A line without `category` gets `default_category`
