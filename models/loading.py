@@ -4,7 +4,6 @@ drafter, on one device and dtype."""
 from __future__ import annotations
 
 import contextlib
-import copy
 import functools
 import os
 import sys
@@ -20,10 +19,11 @@ from transformers.utils import logging as hf_logging
 import kernels
 from models import grouped_attention
 from models.devices import resolve_device, resolve_dtype
-from models.formats import blocks, choice, prefetch, q4k
-from models.formats.prepack import available as prepack_available
-from models.formats.prepack import is_prepacked, prepack
-from models.formats.quantize import activation_dtype, quantize_weights, resolve_quantize
+from models.formats import blocks, choice
+from models.formats.base import Loaded, LoadJob, WeightFormat
+from models.formats.kernel_blocks import GgufBlocks, Q8_0Blocks
+from models.formats.q4k import Q4K
+from models.formats.quantize import LowBit, activation_dtype, resolve_quantize
 from models.gguf import pip_install_command
 from models.placement import Placement, describe, plan
 from models.presets import EMBEDDED, default_cache_dir
@@ -51,23 +51,12 @@ class LoadedModel:
     @property
     def format(self) -> str:
         """How the weights are held and computed: "int4 weights, bfloat16 activations", "float32, oneDNN-prepacked"."""
-        dtype = str(next(self.model.parameters()).dtype).removeprefix("torch.")
-        if self.quantize == "gguf":
-            kinds = sorted({m.block_type for m in self.model.modules()
-                            if isinstance(m, (blocks.BlockLinear, blocks.BlockEmbedding))})
-            rest = f", {self.requantized} layers of other types as Q8_0" if self.requantized else ""
-            rest += f", {self.smaller} layers of wider types again as Q4_0" if self.smaller else ""
-            return (f"the GGUF's own {', '.join(kinds)} blocks{rest} ({kernels.isa()} kernels {kernels.build_id()}, "
-                    "int8 activations), the rest float32")
-        if self.quantize == "q8_0":
-            return (f"Q8_0 blocks quantized at load ({kernels.isa()} kernels {kernels.build_id()}, int8 activations), "
-                    "the rest float32")
-        if self.quantize == "q4k":
-            return ("the GGUF's Q4_K weights (int4 kernel, bfloat16 inside), the rest float32"
-                    + (", oneDNN-prepacked" if is_prepacked(self.model) else ""))
-        if self.quantize != "none":
-            return f"{self.quantize} weights, {dtype} activations"
-        return dtype + (", oneDNN-prepacked" if is_prepacked(self.model) else "")
+        return FORMATS[self.quantize].describe(self.model, Loaded(self.dense, self.requantized, self.smaller))
+
+
+# each `--quantize` name's format (after "auto" is resolved)
+FORMATS: dict[str, WeightFormat] = {f.name: f for f in (WeightFormat(), LowBit("int8"), LowBit("int4"), Q4K(),
+                                                        GgufBlocks(), Q8_0Blocks())}
 
 
 @dataclass(frozen=True)
@@ -116,55 +105,21 @@ def load_model(
     cache_root = Path(cache_dir) if cache_dir is not None else default_cache_dir()
     with _transformers_progress(progress):
         source = _resolve_source(spec, cache_root, progress, verify)
-        gguf, why_not = _gguf_blocks(spec, source, cache_root, progress) if asked in ("gguf", "auto") else (None, "")
-        if asked == "gguf" and gguf is None:
-            print(f"{source.name}: no gguf weights ({why_not}); it runs on its dense weights", file=sys.stderr)
-            quantize = "none"
-        elif gguf is not None and (asked == "gguf" or quantize == "int4"):
-            quantize = "gguf"
-        elif (asked == "auto" and quantize == "int4" and dtype.strip().lower() == "auto"
-              and kernels.unavailable() is None):
-            quantize = _timed_low_bit(source, cache_root, trust_remote_code)
-        torch_dtype = activation_dtype(quantize, compute_dtype, torch_device)
-        # gguf: read in bfloat16 (the converted copy's own dtype, so the same values; mapped, not read, until used)
-        # and widened once the linears and the embedding are blocks: their dense weights are never read
-        # q8_0: quantized from the checkpoint's own values ("auto": its dtype)
-        read_dtype = torch.bfloat16 if quantize == "gguf" else "auto" if quantize == "q8_0" else torch_dtype
-        model, tokenizer = _from_pretrained(spec, source, read_dtype, trust_remote_code)
+        gguf_file = functools.cache(functools.partial(_gguf_file, spec, source, cache_root, progress))
+        quantize = _file_or_timed(asked, quantize, source, gguf_file, dtype.strip().lower() == "auto", cache_root,
+                                  trust_remote_code)
+        weights = FORMATS[quantize]
+        job = LoadJob(name=source.name, spec=spec, kind=source.kind, gguf_file=gguf_file, cache_root=cache_root,
+                      device=torch_device, compute_dtype=compute_dtype,
+                      activations=activation_dtype(quantize, compute_dtype, torch_device), keep_dense=keep_dense,
+                      smaller=requantize_rest and asked == "auto")
+        model, tokenizer = _from_pretrained(spec, source, weights.read_dtype(job), trust_remote_code)
     model.to(torch_device)  # type: ignore[arg-type]  # transformers' decorator on `to` hides its signature
     model.eval()
-    dense, requantized, smaller = None, 0, 0
-    if quantize == "gguf":
-        # prefill runs on the same kernels: no dense copy
-        _apply_file_weights(model, blocks.apply, str(gguf),
-                            f"{', '.join(kernels.BLOCKS)} weights. Fix: use int4 for other types.")
-        if requantize_rest and asked == "auto":
-            smaller = len(blocks.requantize(model, "Q4_0"))
-            requantized = len(blocks.quantize_dense(model))
-        model.float()  # norms and biases (and a layer in another type); the blocks are uint8 and stay
-    elif quantize == "q8_0":
-        if not blocks.quantize_dense(model):
-            raise ModelLoadError(f"{source.name} has no linear layer whose inputs are whole blocks of 32. "
-                                 "Fix: use int4.")
-        model.float()  # norms and biases (and a layer the blocks do not fit); the blocks are uint8 and stay
-    elif quantize == "q4k":
-        dense = copy.deepcopy(model) if keep_dense else None
-        _apply_q4k(model, spec, source, cache_root, progress)  # its other layers (Q6_K) are prepacked below
-    elif quantize != "none":
-        # the dense copy prefills in the machine's dtype: without native bf16, a bf16 prefill is several times slower
-        dense = copy.deepcopy(model).to(compute_dtype) if keep_dense else None  # type: ignore[arg-type]  # as above
-        quantize_weights(model, quantize)
-    if quantize in ("gguf", "q8_0"):
-        blocks.join_siblings(model)  # q, k, v and gate, up: one kernel call each where their kinds agree
-        prefetch.tune(model, cache_root)  # how far ahead the kernels read: this machine's kept choice, else timed
-    for weights in (model, dense) if quantize in ("none", "q4k") else (dense,):
-        # the same weights in oneDNN's layout: a verify of a few tokens costs about one step; bfloat16 ones only for
-        # the model itself (a drafter's bfloat16 prefill copy keeps F.linear, timed for prompts)
-        packs = torch_dtype == torch.float32 or (torch_dtype == torch.bfloat16 and weights is model)
-        if weights is not None and packs and torch_device.type == "cpu" and prepack_available(torch_dtype):
-            prepack(weights)
+    loaded = weights.load(model, job)
+    weights.pack(model, loaded, job)
     return LoadedModel(model=model, tokenizer=tokenizer, name=source.name, source=source.location, quantize=quantize,
-                       dense=dense, requantized=requantized, smaller=smaller)
+                       dense=loaded.dense, requantized=loaded.requantized, smaller=loaded.smaller)
 
 
 def _load_placed(spec: str, placement: Placement, dtype: str, quantize: str, trust_remote_code: bool,
@@ -213,27 +168,31 @@ def _gguf_file(spec: str, source: _Source, cache_root: Path, progress: bool) -> 
     return Path(source.gguf) if source.gguf is not None else None
 
 
-def _gguf_blocks(spec: str, source: _Source, cache_root: Path, progress: bool) -> tuple[Path | None, str]:
+def _file_or_timed(asked: str, resolved: str, source: _Source, gguf_file: Callable[[], Path | None],
+                   dtype_auto: bool, cache_root: Path, trust_remote_code: bool) -> str:
+    """The format "gguf" and "auto" come to once the model's files are known: the GGUF's own blocks where the kernels
+    run them (else "gguf" says why in one line and loads dense weights), or on a CPU the faster of q8_0 and int4."""
+    gguf, why_not = _gguf_blocks(source, gguf_file) if asked in ("gguf", "auto") else (None, "")
+    if asked == "gguf" and gguf is None:
+        print(f"{source.name}: no gguf weights ({why_not}); it runs on its dense weights", file=sys.stderr)
+        return "none"
+    if gguf is not None and (asked == "gguf" or resolved == "int4"):
+        return "gguf"
+    if asked == "auto" and resolved == "int4" and dtype_auto and kernels.unavailable() is None:
+        return _timed_low_bit(source, cache_root, trust_remote_code)
+    return resolved
+
+
+def _gguf_blocks(source: _Source, gguf_file: Callable[[], Path | None]) -> tuple[Path | None, str]:
     """The GGUF file whose blocks the kernels can run for this model, or None and why not (one line)."""
     if source.kind not in ("embedded", "gguf"):
         return None, f"a {source.kind} model has no GGUF file"
     if (reason := kernels.unavailable()) is not None:
         return None, f"the kernels cannot run here: {reason}; ./setup.sh builds them where g++ is installed"
-    gguf = _gguf_file(spec, source, cache_root, progress)
+    gguf = gguf_file()
     if gguf is None or not blocks.block_linears(gguf):
         return None, f"its GGUF holds no {', '.join(kernels.BLOCKS)} linears"
     return gguf, ""
-
-
-def _apply_file_weights(model: PreTrainedModel, apply: Callable[[PreTrainedModel, str], list[str]], gguf: str,
-                        none_found: str) -> None:
-    """`apply` (a format's) the GGUF's own tensors to `model`; its refusal or finding none, as a ModelLoadError."""
-    try:
-        replaced = apply(model, gguf)
-    except ValueError as error:
-        raise ModelLoadError(f"{error}. Fix: load the model from that GGUF file itself.") from None
-    if not replaced:
-        raise ModelLoadError(f"{gguf} holds no {none_found}")
 
 
 def _timed_low_bit(source: _Source, cache_root: Path, trust_remote_code: bool) -> str:
@@ -245,15 +204,6 @@ def _timed_low_bit(source: _Source, cache_root: Path, trust_remote_code: bool) -
         return choice.choose(config, cache_root)
     except (OSError, ValueError, AttributeError):
         return "int4"
-
-
-def _apply_q4k(model: PreTrainedModel, spec: str, source: _Source, cache_root: Path, progress: bool) -> None:
-    """The GGUF's own Q4_K tensors into `model`'s decoder linears (`models.formats.q4k`)."""
-    gguf = _gguf_file(spec, source, cache_root, progress)
-    if gguf is None:
-        raise ModelLoadError(f"q4k reads the Q4_K tensors of the model's GGUF file, and {spec!r} is a {source.kind} "
-                             f"model. Fix: load its .gguf file or an embedded model, or use int4.")
-    _apply_file_weights(model, q4k.apply, str(gguf), "Q4_K decoder weights. Fix: use int4 for other GGUF types.")
 
 
 def _resolve_source(spec: str, cache_root: Path, progress: bool, verify: bool) -> _Source:

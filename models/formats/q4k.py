@@ -8,16 +8,21 @@ the rest of a float32 model (residual stream, norms, attention) stays float32.
 
 from __future__ import annotations
 
+import copy
 import re
 from pathlib import Path
 
 import numpy as np
 import torch
 from torch import Tensor, nn
+from transformers import PreTrainedModel
 
+from models.formats.base import Loaded, LoadJob, WeightFormat, apply_file_weights
 from models.formats.int4 import PackedInt4
 from models.formats.layers import linear_weight
+from models.formats.prepack import is_prepacked
 from models.gguf import tensor_bytes, tensor_infos
+from utils.errors import ModelLoadError
 
 GROUP = 32  # Q4_K's sub-block: the weights that share a scale and a min
 BLOCK = 256  # weights per Q4_K block: fp16 d, fp16 dmin, 12 bytes of 6-bit scales and mins, 128 bytes of codes
@@ -72,3 +77,22 @@ def apply(model: nn.Module, gguf_file: str | Path) -> list[str]:
         parent, _, child = name.rpartition(".")
         setattr(model.get_submodule(parent), child, new)
     return list(layers)
+
+
+class Q4K(WeightFormat):
+    """The GGUF's own Q4_K tensors in the decoder linears; its other layers (Q6_K) dense, prepacked."""
+
+    name = "q4k"
+
+    def load(self, model: PreTrainedModel, job: LoadJob) -> Loaded:
+        dense = copy.deepcopy(model) if job.keep_dense else None
+        gguf = job.gguf_file()
+        if gguf is None:
+            raise ModelLoadError(f"q4k reads the Q4_K tensors of the model's GGUF file, and {job.spec!r} is a "
+                                 f"{job.kind} model. Fix: load its .gguf file or an embedded model, or use int4.")
+        apply_file_weights(model, apply, str(gguf), "Q4_K decoder weights. Fix: use int4 for other GGUF types.")
+        return Loaded(dense)
+
+    def describe(self, model: PreTrainedModel, loaded: Loaded) -> str:
+        return ("the GGUF's Q4_K weights (int4 kernel, bfloat16 inside), the rest float32"
+                + (", oneDNN-prepacked" if is_prepacked(model) else ""))

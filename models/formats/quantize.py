@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import copy
+
 import torch
 from transformers import PreTrainedModel
 
+from models.formats.base import Loaded, LoadJob, WeightFormat
 from models.formats.int4 import to_int4
 from models.formats.int8 import to_int8
 from models.presets import QUANTIZE_CHOICES
@@ -73,3 +76,21 @@ def quantize_weights(model: PreTrainedModel, quantize: str) -> None:
         to_int4(model)
     else:
         raise ValueError(f"cannot quantize weights to {quantize!r}; use int8 or int4")
+
+
+class LowBit(WeightFormat):
+    """int8 or int4 weights (`quantize_weights`); a drafter keeps a dense copy to prefill with."""
+
+    packs_model = False  # packed low-bit layers: only the dense copy goes to oneDNN's layout
+
+    def __init__(self, name: str):
+        self.name = name
+
+    def load(self, model: PreTrainedModel, job: LoadJob) -> Loaded:
+        # the dense copy prefills in the machine's dtype: without native bf16, a bf16 prefill is several times slower
+        dense = copy.deepcopy(model).to(job.compute_dtype) if job.keep_dense else None  # type: ignore[arg-type]
+        quantize_weights(model, self.name)
+        return Loaded(dense)
+
+    def describe(self, model: PreTrainedModel, loaded: Loaded) -> str:
+        return f"{self.name} weights, {str(next(model.parameters()).dtype).removeprefix('torch.')} activations"
