@@ -9,7 +9,7 @@ import torch
 from sampling.base import DecodeConfig
 from sampling.drafters.model import ModelDrafter
 from sampling.speculative import Speculative
-from utils.caching import common_prefix_length, crop
+from utils.caching import CachedTokens, common_prefix_length, crop
 from utils.runner import CachedModel
 
 PROMPT = [3, 17, 42, 8, 8, 61]
@@ -311,3 +311,19 @@ def test_grouped_attention_shares_the_key_heads_under_a_mask_and_computes_what_s
             assert torch.allclose(got, expected, atol=1e-5)
     assert (2, True, True) in calls  # two key heads for four query heads, masked: not repeated
     assert all(heads == 2 for heads, _, _ in calls)
+
+
+def test_cached_tokens_keep_the_invariant_by_themselves_through_appends_crops_and_moved_rows(target_model):
+    """The cache and its tokens (`utils.caching.CachedTokens`) without a model runner: rows written straight in."""
+    config = copy.deepcopy(target_model.config)
+    config.num_hidden_layers = 1  # one layer, written below
+    held = CachedTokens(config, with_hidden=True)
+    layer = held.cache.layers[0]
+    keys = torch.arange(8, dtype=torch.float64).view(1, 1, 8, 1).expand(1, 2, 8, 4).contiguous()  # row i holds i
+    layer.update(keys, keys.clone())
+    held.append([10, 11, 12, 13, 14, 15, 16, 17], torch.arange(8, dtype=torch.float64)[:, None].expand(8, 3))
+    held.crop_to_path(3, [5, 7])  # rows 5 and 7 move up behind the first 3
+    assert held.tokens == [10, 11, 12, 15, 17] and layer.keys.shape[-2] == 5
+    assert layer.keys[0, 0, :, 0].tolist() == [0, 1, 2, 5, 7] and held.hidden()[:, 0].tolist() == [0, 1, 2, 5, 7]
+    held.crop(2)
+    assert held.tokens == [10, 11] and layer.keys.shape[-2] == 2 and len(held.hidden()) == 2

@@ -885,3 +885,12 @@ def test_an_embedded_gguf_assembled_before_serves_without_the_wheels(tmp_path):
     layout.gguf_path.write_bytes(b"damaged")
     with pytest.raises(ModelLoadError, match="specchat-no-such-wheel"):
         model_cache.embedded_gguf(ghost, tmp_path)
+
+
+def test_every_quantize_choice_but_auto_is_one_format_that_names_itself():
+    """load_model dispatches through FORMATS: a choice without a format would fail only when first loaded."""
+    from models.loading import FORMATS
+    from models.presets import QUANTIZE_CHOICES
+
+    assert set(FORMATS) == set(QUANTIZE_CHOICES) - {"auto"}
+    assert all(weights.name == name for name, weights in FORMATS.items())
