@@ -175,8 +175,8 @@ def run_export(args: argparse.Namespace, chosen: Decoding, choice) -> int:
     from app.export import drafting_strategy, export, printable, serving
     from chat.transcript import write_file
     from models.loading import model_files
-    from sampling.head_layouts import head_kind
-    from sampling.heads import shipped_heads
+    from sampling.heads.layouts import head_kind
+    from sampling.heads.networks import shipped_heads
     from utils.errors import ModelLoadError, one_line
 
     strategies = parse_strategies(args.strategy, choice.drafter is not None, frozenset(("eagle", "medusa")))

@@ -173,7 +173,7 @@ def export_eagle(args) -> int:
     from transformers import AutoConfig
 
     from models.loading import model_files
-    from sampling.head_layouts import EAGLE_WEIGHTS, TOKEN_MAP, write_eagle
+    from sampling.heads.layouts import EAGLE_WEIGHTS, TOKEN_MAP, write_eagle
     from utils.errors import ModelLoadError
 
     held = [name for name in ("config.json", EAGLE_WEIGHTS, TOKEN_MAP) if (args.export_eagle / name).exists()]
@@ -240,7 +240,7 @@ def run(args, prompts: list[str], budget: Budget, argv: list[str] | None, reused
     import torch
 
     from app.engine import Engine
-    from sampling.heads import HeadConfig, bind, build, eagle_config, load_head
+    from sampling.heads.networks import HeadConfig, bind, build, eagle_config, load_head
     from utils.errors import ModelLoadError
 
     out = Path(args.out)
@@ -324,7 +324,7 @@ def save_head_atomically(out: Path, config, module, vocab, info: dict) -> None:
     the old one or the whole new one."""
     import shutil
 
-    from sampling.heads import save_head
+    from sampling.heads.networks import save_head
 
     temporary = out / f".head.tmp-{os.getpid()}"
     try:

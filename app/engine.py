@@ -36,7 +36,7 @@ if TYPE_CHECKING:
     from app.calibration import Tuning
     from models.invariance import Invariance
     from models.loading import LoadedPair
-    from sampling.heads import DraftHead
+    from sampling.heads.networks import DraftHead
 
 DEFAULT_MAX_NEW_TOKENS = 256
 SAMPLING = ("temperature", "top_k", "top_p", "min_p")
@@ -262,7 +262,7 @@ class Engine:
         ModelLoadError, one line, where a model cannot be loaded."""
         from models.loading import load_pair
         from models.presets import resolve_preset
-        from sampling.heads import load_heads
+        from sampling.heads.networks import load_heads
 
         if target is None:
             chosen = resolve_preset(preset or "auto")

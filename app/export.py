@@ -204,8 +204,8 @@ def serving(engine: str, target: str, drafter: str | None, eagle_head: str | Non
     used as it is. Imports torch; ModelLoadError (one line) where a file cannot be made."""
     from models.loading import model_files
     from models.presets import default_cache_dir
-    from sampling.head_layouts import LAYOUTS, TOKEN_MAP, write_eagle
-    from sampling.heads import CONFIG
+    from sampling.heads.layouts import LAYOUTS, TOKEN_MAP, write_eagle
+    from sampling.heads.networks import CONFIG
 
     target_files = model_files(target, cache_dir, progress)
     drafter_files = model_files(drafter, cache_dir, progress) if drafter is not None else None

@@ -10,13 +10,13 @@ from sampling.base import Strategy
 from sampling.beam_search import BeamSearch
 from sampling.drafters.combined import CombinedDrafter
 from sampling.drafters.cross import CrossVocabDrafter
-from sampling.drafters.eagle import EagleDrafter
 from sampling.drafters.lookahead import LookaheadDrafter
-from sampling.drafters.medusa import MedusaDrafter
 from sampling.drafters.model import ModelDrafter
 from sampling.drafters.ngram import NGramDrafter
 from sampling.drafters.prompt_lookup import PromptLookupDrafter
-from sampling.heads import DraftHead
+from sampling.heads.eagle import EagleDrafter
+from sampling.heads.medusa import MedusaDrafter
+from sampling.heads.networks import DraftHead
 from sampling.settings import NEEDS_DRAFTER, NEEDS_HEAD, STRATEGIES, StrategySettings
 from sampling.speculative import Speculative
 from utils.runner import CachedModel

@@ -16,7 +16,7 @@ from utils.checks import choice, integer, number, switch
 STRATEGIES = ("autoregressive", "speculative", "auto", "drafter", "ngram", "lookup", "lookahead", "beam", "eagle",
               "medusa")
 NEEDS_DRAFTER = ("speculative", "auto", "drafter")
-NEEDS_HEAD = ("eagle", "medusa")  # a trained head of that kind (sampling/heads.py)
+NEEDS_HEAD = ("eagle", "medusa")  # a trained head of that kind (sampling/heads/networks.py)
 # The drafting settings the per-machine calibration chooses (app/calibration.py), where the user did not.
 CALIBRATED = ("gamma", "verify_width", "draft_alternatives", "draft_cumulative")
 STORE_KINDS = ("basic", "one-level")  # the n-gram store's kinds (sampling/drafters/ngram.py)

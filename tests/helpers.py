@@ -128,7 +128,7 @@ def tiny_engine(drafter: bool = True):
 def random_head(model, kind: str, seed: int = 1, std: float = 0.2, vocab=None):
     """An untrained eagle or medusa head of random weights bound to `model` in its dtype (any head keeps the output
     lossless; a trained one is made by train_head.py)."""
-    from sampling.heads import HeadConfig, bind, build, eagle_config
+    from sampling.heads.networks import HeadConfig, bind, build, eagle_config
 
     config = (eagle_config(model.config, 2 * model.config.hidden_size) if kind == "eagle"
               else HeadConfig("medusa", model.config.hidden_size, num_heads=3))
@@ -148,7 +148,7 @@ def save_random_heads(target_dir: Path) -> list[str]:
     """An eagle and a medusa head of random weights saved beside a saved tiny target, as --head takes them."""
     from transformers import AutoModelForCausalLM
 
-    from sampling.heads import save_head
+    from sampling.heads.networks import save_head
 
     model = AutoModelForCausalLM.from_pretrained(target_dir)
     dirs = []

@@ -11,8 +11,8 @@ from models import invariance
 from models.formats import blocks
 from sampling.autoregressive import Autoregressive
 from sampling.base import DecodeConfig
-from sampling.drafters.eagle import EagleDrafter
 from sampling.drafters.model import ModelDrafter
+from sampling.heads.eagle import EagleDrafter
 from sampling.speculative import Speculative
 from tests.helpers import random_head, tiny_model
 from tests.test_blocks import PROMPT, block_model

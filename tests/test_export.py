@@ -1,5 +1,5 @@
 """Serving-engine exports (app/export.py, /export, infer.py --export) checked against the engines' published options,
-not by running them (no GPU here); and the EAGLE layout (sampling/head_layouts.py): what our writer writes, our reader
+not by running them (no GPU here); and the EAGLE layout (sampling/heads/layouts.py): what our writer writes, our reader
 loads, and drafts the same tokens from.
 
 The engines' options, as their documentation lists them:
@@ -30,9 +30,9 @@ from transformers import AutoConfig
 import infer
 import train_head
 from app.export import ENGINES, Serving, drafting_strategy, export, printable
-from sampling.drafters.eagle import EagleDrafter
-from sampling.head_layouts import head_kind, write_eagle
-from sampling.heads import HeadConfig, build, eagle_config, load_head, save_head
+from sampling.heads.eagle import EagleDrafter
+from sampling.heads.layouts import head_kind, write_eagle
+from sampling.heads.networks import HeadConfig, build, eagle_config, load_head, save_head
 from sampling.settings import STRATEGIES, StrategySettings
 from tests.helpers import save_tiny_pair, tiny_model
 from utils.logits_processor import GreedyProcessor

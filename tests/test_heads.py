@@ -10,9 +10,9 @@ import train_head
 from models.loading import load_model
 from sampling.autoregressive import Autoregressive
 from sampling.base import DecodeConfig
-from sampling.drafters.eagle import EagleDrafter
-from sampling.drafters.medusa import MedusaDrafter
-from sampling.heads import load_head, load_heads, save_head
+from sampling.heads.eagle import EagleDrafter
+from sampling.heads.medusa import MedusaDrafter
+from sampling.heads.networks import load_head, load_heads, save_head
 from sampling.registry import build_strategy
 from sampling.settings import StrategySettings
 from sampling.speculative import Speculative
@@ -157,7 +157,7 @@ def test_training_reports_held_out_tokens_per_step_and_beats_an_untrained_head(t
 def test_a_training_pass_reads_its_drafts_as_the_drafter_does_at_that_depth(target64, depth):
     """Pass d of the training-time test at position i: the head's output when it drafts d deep from the real
     position i - d + 1, one depth at a time over its cache, as EagleDrafter feeds it."""
-    from sampling.heads import HeadCache
+    from sampling.heads.networks import HeadCache
 
     head = random_head(target64, "eagle")
     length, width = 12, target64.config.hidden_size
@@ -375,7 +375,7 @@ def test_a_head_json_naming_another_kind_than_its_weights_is_refused(tmp_path, k
 
 def test_a_compact_head_keeps_its_size_and_the_output(trained, target64):
     """int4 weights (int8 where a layer's shape does not fit int4), bf16 activations: drafts change, output not."""
-    from sampling.heads import compact
+    from sampling.heads.networks import compact
 
     dense = load_head(trained[1]["eagle"], target64, torch.float64)
     size = dense.size

@@ -376,7 +376,7 @@ def test_a_damaged_answers_file_is_moved_aside_on_a_resume_and_written_again(tar
 @pytest.mark.parametrize("held", ["config.json", "model.safetensors", "token_map.pt"])
 def test_export_eagle_refuses_to_replace_a_heads_files_without_force(target, tmp_path, capsys, held):
     """Bug: --export-eagle DIR replaced another head's config.json and model.safetensors in DIR without a word."""
-    from sampling.heads import build, eagle_config, save_head
+    from sampling.heads.networks import build, eagle_config, save_head
     from tests.helpers import tiny_model
 
     config = eagle_config(tiny_model().config, 48)

@@ -32,8 +32,8 @@ def held_out_tokens_per_step(head, rows: list[dict], depth: int, tree: int, bran
     """Mean tokens per target step, greedy, when the drafter drafts at each answer position of `rows` (the answer
     being the target's own greedy text, a draft is accepted as far as it matches it); at most `limit` positions and
     half of `seconds` each for the chain and the tree (`positions`: the fewer they had)."""
-    from sampling.drafters.eagle import EagleDrafter
-    from sampling.drafters.medusa import MedusaDrafter
+    from sampling.heads.eagle import EagleDrafter
+    from sampling.heads.medusa import MedusaDrafter
     from utils.logits_processor import GreedyProcessor
 
     results: dict[str, float | int] = {"positions": limit}

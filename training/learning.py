@@ -48,7 +48,7 @@ def losses(head, module, row: dict, noise: float, generator, prompt: bool = True
     import torch
     import torch.nn.functional as F
 
-    from sampling.heads import HeadCache
+    from sampling.heads.networks import HeadCache
 
     feats = row["features"].float()  # (T - 1, H): position i's feature
     ids = row["ids"]

@@ -8,8 +8,8 @@ import torch
 from torch import Tensor
 
 from sampling.drafters.base import Draft
-from sampling.drafters.head import HeadDrafter
-from sampling.heads import DraftHead, HeadCache
+from sampling.heads.drafting import HeadDrafter
+from sampling.heads.networks import DraftHead, HeadCache
 from utils.caching import common_prefix_length, tree_attention
 from utils.logits_processor import LogitsProcessor
 from utils.runner import CachedModel

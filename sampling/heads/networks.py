@@ -10,7 +10,7 @@ Formats read by `load_head`:
   and `head.safetensors` (the weights, and `draft_vocab`: the token ids the head drafts from, when restricted);
 - EAGLE-1/2 authors' heads: `config.json` (a Llama-style config) with `pytorch_model.bin` or `model.safetensors`
   holding `fc.weight` and `layers.0.*` (their layer 0 skips its input norm, as here);
-  `sampling.head_layouts.write_eagle` writes an EAGLE head of this project in that layout;
+  `sampling.heads.layouts.write_eagle` writes an EAGLE head of this project in that layout;
 - Medusa authors' heads: `config.json` with `medusa_num_heads` and `medusa_num_layers`, weights in
   `medusa_lm_head.safetensors` or `.pt` as `{head}.{block}.linear.weight|bias` and `{head}.{blocks}.weight` (each head's
   own output layer over the whole vocabulary).

@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from sampling.heads import CONFIG, FORMAT, WEIGHTS, HeadConfig
+from sampling.heads.networks import CONFIG, FORMAT, WEIGHTS, HeadConfig
 from utils.errors import ModelLoadError
 from utils.files import write_atomically
 

@@ -16,7 +16,7 @@ import torch
 from torch import Tensor
 
 from sampling.drafters.base import Draft, Drafter, check_tree_size
-from sampling.heads import DraftHead
+from sampling.heads.networks import DraftHead
 from sampling.settings import check
 from utils.caching import common_prefix_length
 from utils.runner import CachedModel

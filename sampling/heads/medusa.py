@@ -5,8 +5,8 @@ from __future__ import annotations
 import torch
 
 from sampling.drafters.base import Draft
-from sampling.drafters.head import HeadDrafter
-from sampling.heads import DraftHead
+from sampling.heads.drafting import HeadDrafter
+from sampling.heads.networks import DraftHead
 from utils.logits_processor import LogitsProcessor
 from utils.runner import CachedModel
 
