@@ -61,14 +61,19 @@ def test_the_readme_is_a_front_page_and_each_doc_a_page():
 
 def module_imports(path: Path) -> set[str]:
     """The project modules `path` imports (dotted, as files of this repository), lazy imports too."""
+    def ours(name: str) -> bool:
+        where = REPO / name.replace(".", "/")
+        return where.with_suffix(".py").is_file() or (where / "__init__.py").is_file()
+
     found = set()
     for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
         if isinstance(node, ast.Import):
             found |= {a.name for a in node.names}
         elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
-            found |= {node.module} | {f"{node.module}.{a.name}" for a in node.names}
-    return {name for name in found if (REPO / (name.replace(".", "/") + ".py")).is_file()
-            or (REPO / name.replace(".", "/") / "__init__.py").is_file()}
+            submodules = {f"{node.module}.{a.name}" for a in node.names if ours(f"{node.module}.{a.name}")}
+            # `from package import module` reads the module, not the package's own names
+            found |= submodules | ({node.module} if len(submodules) < len(node.names) else set())
+    return {name for name in found if ours(name)}
 
 
 def test_no_modules_import_each_other_in_a_circle():
