@@ -75,7 +75,7 @@ class Tmux:
 @pytest.fixture(scope="module")
 def chat(tmp_path_factory, model_cache_dir):
     if shutil.which("tmux") is None:
-        pytest.skip("tmux is not installed (setup.sh --dev installs it)")
+        pytest.skip("tmux is not installed (.ci/run installs it)")
     folder = tmp_path_factory.mktemp("chat_tmux")
     env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(folder), "TERM": "tmux-256color",
            "LANG": "C.UTF-8", "XDG_CACHE_HOME": str(folder / "xdg"), "COLUMNS": "160", "LINES": "50"}
