@@ -24,6 +24,7 @@ import urllib.request
 from pathlib import Path
 
 from app.flags import FlagError, add_model_flags, check_model_names, model_choice
+from benchmarks.names import DEFAULT_PROMPTS
 from utils.prompts import load_prompts
 
 CONTESTANTS = ("engine", "api", "api-stream")
@@ -50,7 +51,7 @@ def main(argv: list[str]) -> int:
     from serve import Background, ServeConfig, create_app
 
     engine = Engine.load(**load_options(args, model_choice(args, resolve_preset)), progress=True)
-    prompts = [[{"role": "user", "content": p.turns[0]}] for p in load_prompts(limit=args.prompts)]
+    prompts = [[{"role": "user", "content": p.turns[0]}] for p in load_prompts(DEFAULT_PROMPTS, limit=args.prompts)]
     settings = {"max_new_tokens": args.max_new_tokens, "ignore_eos": True, "temperature": 0.0}
     seconds: dict[str, list[float]] = {name: [] for name in CONTESTANTS}
     tokens: dict[str, int] = dict.fromkeys(CONTESTANTS, 0)
