@@ -12,7 +12,7 @@ from sampling.autoregressive import Autoregressive
 from sampling.base import DecodeConfig
 from sampling.heads.eagle import EagleDrafter
 from sampling.heads.medusa import MedusaDrafter
-from sampling.heads.networks import load_head, load_heads, save_head
+from sampling.heads.networks import CONFIG, load_head, load_heads, save_head, shipped_heads
 from sampling.registry import build_strategy
 from sampling.settings import StrategySettings
 from sampling.speculative import Speculative
@@ -350,6 +350,15 @@ def test_unusable_heads_are_refused_with_a_reason(tmp_path):
     with pytest.raises(ValueError, match="needs a trained eagle head"):
         build_strategy("eagle", CachedModel(model), None, StrategySettings(), {})
     assert load_heads(["none"], "tiny", model) == {}
+
+
+def test_the_shipped_heads_are_found_for_their_target():
+    """Bug: after the head code moved into sampling/heads/, the shipped heads were looked for in that package, found
+    nowhere, and the embedded target ran without its eagle head (the strategy missing from the chat and the bench)."""
+    found = shipped_heads("qwen2.5-coder-1.5b")
+    assert [d.name for d in found] == ["qwen2.5-coder-1.5b-eagle"]
+    assert (found[0] / CONFIG).is_file()
+    assert shipped_heads("no-such-target") == []
 
 
 @pytest.mark.parametrize("kind, claimed, message", [

@@ -403,7 +403,7 @@ def eagle_config(model_config, intermediate_size: int) -> HeadConfig:
                                                                    or c.model_type == "qwen2"))
 
 
-HEADS_DIR = Path(__file__).resolve().parent.parent / "heads"  # the heads that ship with the project
+HEADS_DIR = Path(__file__).resolve().parents[2] / "heads"  # the heads that ship with the project: <root>/heads
 
 
 def shipped_heads(target_name: str) -> list[Path]:
