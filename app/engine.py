@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any, cast
 import torch
 
 from app.compiling import Compiles, drafter_compiles_by_default, target_compiles_by_default
+from app.info import ModelInfo
 from app.startup import SILENT, Records, Report, Said, probe_and_calibrate, records_for, use_kernels
 from app.text import Detokenizer, chat_ids
 from app.yardstick import Contestant, Yardstick
@@ -30,10 +31,11 @@ from sampling.base import DecodeConfig, Result, Round, Strategy
 from sampling.registry import build_strategy
 from sampling.settings import NEEDS_DRAFTER, NEEDS_HEAD, STRATEGIES, StrategySettings
 from utils.logits_processor import make_processor
-from utils.runner import CachedModel, input_device
+from utils.runner import CachedModel
 
 if TYPE_CHECKING:
     from app.calibration import Tuning
+    from models.draft_vocabulary import DraftVocabulary
     from models.invariance import Invariance
     from models.loading import LoadedPair
     from sampling.heads.networks import DraftHead
@@ -42,39 +44,6 @@ DEFAULT_MAX_NEW_TOKENS = 256
 SAMPLING = ("temperature", "top_k", "top_p", "min_p")
 DECODING = ("max_new_tokens", *SAMPLING, "seed", "ignore_eos", "stop")
 STRATEGY_SETTINGS = tuple(f.name for f in fields(StrategySettings))
-
-
-@dataclass(frozen=True)
-class ModelInfo:
-    """What the banner, /save and the one-shot JSON say about the loaded models."""
-
-    target: str
-    drafter: str | None
-    dtype: str
-    device: str
-    target_format: str = ""  # "float32, oneDNN-prepacked", "int4 weights, bfloat16 activations", ...
-    drafter_format: str = ""
-    placement: str = ""  # where device maps put the layers ("target cpu: layers 0-1 · disk: layers 2-3"); "" if not
-    target_spec: str = ""  # the specs the models were loaded from and the cache dir: /export finds their files
-    drafter_spec: str | None = None
-    cache_dir: Path | None = None
-    yardstick: Yardstick | None = None  # llama.cpp's plain speed on this machine, where it is built
-
-    @classmethod
-    def of(cls, pair: LoadedPair, target_spec: str = "", drafter_spec: str | None = None,
-           cache_dir: Path | None = None) -> ModelInfo:
-        """A loaded pair's: each model's device, where device maps put the layers, and the specs it was loaded by."""
-        target = pair.target.model
-        devices = [str(input_device(target))]
-        if pair.drafter is not None and str(input_device(pair.drafter.model)) != devices[0]:
-            devices.append(f"drafter {input_device(pair.drafter.model)}")
-        placed = [f"{name} {model.placement}" for name, model in (("target", pair.target), ("drafter", pair.drafter))
-                  if model is not None and model.placement]
-        return cls(target=pair.target.label, drafter=pair.drafter.label if pair.drafter else None,
-                   dtype=str(target.dtype).removeprefix("torch."), device=", ".join(devices),
-                   target_format=pair.target.format, drafter_format=pair.drafter.format if pair.drafter else "",
-                   placement="; ".join(placed), target_spec=target_spec, drafter_spec=drafter_spec,
-                   cache_dir=cache_dir)
 
 
 @dataclass(frozen=True)
@@ -179,6 +148,16 @@ class Stream:
         return Reply(text, ids, stats, "length" if ran_out else "stop")
 
 
+def shipped_vocabulary(target_name: str, drafter_model) -> DraftVocabulary | None:
+    """The draft vocabulary counted on the answers of `target_name` the project ships (heads/answers/), for a
+    drafter sharing its tokenizer; None where none ship."""
+    from models.draft_vocabulary import DraftVocabulary
+    from sampling.heads.networks import shipped_answers
+
+    path = shipped_answers(target_name)
+    return DraftVocabulary.from_answers(drafter_model, path) if path is not None else None
+
+
 def llamacpp_speed(runner: Contestant | None, cache_dir: Path | None, report: Report) -> Yardstick | None:
     """llama.cpp's plain speed on the target's GGUF here, timed once and kept (`app.yardstick`); None without a
     runner (llama.cpp not built, or the target has no embedded GGUF)."""
@@ -242,6 +221,10 @@ class Engine:
         self.records: Records | None = None  # where this machine's probe and timings are kept
         self.compiles = Compiles()
         self._strategies: dict[str, tuple[StrategySettings, Strategy]] = {}
+        # The draft model's output layer, restricted or whole (`use_vocabulary`); None where it has no draft
+        # vocabulary. `vocabulary_set`: the size the user chose (None: the calibration's).
+        self.vocabulary: DraftVocabulary | None = None
+        self.vocabulary_set: int | None = None
 
     @classmethod
     def load(cls, preset: str | None = None, *, target: str | None = None, drafter: str | None = None,
@@ -250,12 +233,15 @@ class Engine:
              settings: StrategySettings | None = None,
              keep: frozenset[str] = frozenset(), background: bool = False, kernels: str | None = None,
              progress: bool = False, yardstick: Callable[[LoadedPair], Contestant | None] | None = None,
-             **model_options: Any) -> Engine:
+             draft_vocabulary: int | None = None, **model_options: Any) -> Engine:
         """Load a preset's pair ("auto", "embedded", "llama-3.2"), or `target` with `drafter` (None with a preset:
         its drafter; "none": none), and start it:
         - the draft heads (`heads`: directories; None: those the project ships for the target);
         - the identity probe and this machine's calibration (`calibrate` False: `settings` as given; `probe` False:
           neither, the models as loaded, for a script that trains on them), leaving the settings in `keep` be;
+        - `draft_vocabulary`: the draft model's output layer restricted to that many of the target's most frequent
+          tokens (0: the whole vocabulary; None: as the calibration chooses, where the project ships answers of the
+          target to count them on);
         - `yardstick`: what runs llama.cpp on the pair's target, timed once here, before the compiles, for `info`;
         - the compiles (`compile` None: where they pay, `app.compiling`), in the foreground unless `background`.
         `model_options` are `models.loading.load_pair`'s (device, dtype, target_quantize, ...).
@@ -263,6 +249,7 @@ class Engine:
         from models.loading import load_pair
         from models.presets import resolve_preset
         from sampling.heads.networks import load_heads
+        from utils.errors import ModelLoadError
 
         if target is None:
             chosen = resolve_preset(preset or "auto")
@@ -279,9 +266,21 @@ class Engine:
             report.say(pair.vocab_notice, Said.PROBLEM)
         engine = cls.from_pair(pair, load_heads(heads, pair.target.name, pair.target.model), settings=settings,
                                keep=keep, info=ModelInfo.of(pair, target, drafter, cache_dir))
+        if draft_vocabulary != 0 and pair.drafter is not None and pair.tokenizers is None:
+            engine.vocabulary = shipped_vocabulary(pair.target.name, pair.drafter.model)
+            engine.vocabulary_set = draft_vocabulary
+            if draft_vocabulary is not None and engine.vocabulary is None:
+                report.say(f"draft vocabulary {draft_vocabulary}: the project ships no answers of "
+                           f"{pair.target.name} to count tokens on; the drafter drafts from its whole vocabulary",
+                           Said.PROBLEM)
         engine.warm_up()
         if probe:
             engine.prepare(records_for(pair, cache_dir), calibrate=calibrate, report=report)
+        if engine.vocabulary is not None and draft_vocabulary:  # after the timings, which time the whole one too
+            try:
+                engine.use_vocabulary(draft_vocabulary)
+            except ValueError as error:
+                raise ModelLoadError(f"--draft-vocabulary {draft_vocabulary}: {error}") from None
         if yardstick is not None:  # before the compiles: a compile beside it would slow llama.cpp down
             engine.info = replace(engine.info, yardstick=llamacpp_speed(yardstick(pair), cache_dir, report))
         engine.compile(compile, compile, background=background, report=report)
@@ -313,20 +312,44 @@ class Engine:
         """Probe the target's path (`identity`), then (`calibrate`) take the drafting settings this machine's timed
         forwards call for, but those in `keep`; each probed or timed once per machine, then read back."""
         prepared = probe_and_calibrate(self.target, self.drafter, records, self.settings, self.keep,
-                                       calibrate=calibrate, report=report)
+                                       calibrate=calibrate, report=report, vocabulary=self._chosen_vocabulary)
         self.identity = prepared.identity
         if prepared.tuning is not None:
             self.tuning, self.records, self.settings = prepared.tuning, records, prepared.tuning.settings
+            self._take_vocabulary(prepared.tuning)
 
     def calibrate(self, settings: StrategySettings, again: bool = False) -> Tuning:
         """Probe and time this machine again (`again`), or read what was kept, from `settings`: the drafting settings
         they call for, but those in `keep`, become `self.settings`. ValueError where the start did not calibrate."""
         if self.records is None:
             raise ValueError("this session was not calibrated at start, so it has nothing to time against")
-        prepared = probe_and_calibrate(self.target, self.drafter, self.records, settings, self.keep, again=again)
+        prepared = probe_and_calibrate(self.target, self.drafter, self.records, settings, self.keep, again=again,
+                                       vocabulary=self._chosen_vocabulary)
         assert prepared.tuning is not None
         self.identity, self.tuning, self.settings = prepared.identity, prepared.tuning, prepared.tuning.settings
+        self._take_vocabulary(prepared.tuning)
         return prepared.tuning
+
+    def use_vocabulary(self, size: int) -> None:
+        """Draft with the draft model's output layer restricted to its `size` most frequent tokens (0: all of them);
+        the banner's drafter line says which. ValueError where the drafter has no draft vocabulary or `size` is out
+        of its bounds. A drafter already compiled compiles its step again at its next forward."""
+        if self.vocabulary is None:
+            raise ValueError("this drafter has no draft vocabulary (no answers of the target ship to count on)")
+        self.vocabulary.use(size)
+        base = self.info.drafter_format.split(" · draft vocabulary")[0]
+        self.info = replace(self.info, drafter_format=base + (f" · draft vocabulary {size}" if size else ""))
+
+    @property
+    def _chosen_vocabulary(self) -> DraftVocabulary | None:
+        """The draft vocabulary whose size the calibration chooses: none where the user set it."""
+        return self.vocabulary if self.vocabulary_set is None else None
+
+    def _take_vocabulary(self, tuning: Tuning) -> None:
+        """The calibration's draft vocabulary size, where the user chose none."""
+        if self.vocabulary is not None and self.vocabulary_set is None \
+                and tuning.choice.draft_vocabulary != self.vocabulary.size:
+            self.use_vocabulary(tuning.choice.draft_vocabulary)
 
     def compile(self, drafter: bool | None = None, target: bool | None = None, *, background: bool = False,
                 report: Report = SILENT):

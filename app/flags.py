@@ -87,6 +87,10 @@ def add_model_flags(group: argparse._ActionsContainer) -> None:
                        help="a trained draft head for the eagle or medusa strategy (train_head.py makes one; "
                             "repeat for both kinds); default: the heads the project ships for the target; "
                             "'none' for none")
+    group.add_argument("--draft-vocabulary", type=draft_vocabulary_size, metavar="K",
+                       help="the draft model drafts from the target's K most frequent tokens (its output layer read "
+                            "for those rows only; counted on the answers the project ships for the target); 0: its "
+                            "whole vocabulary (default: the size the calibration finds pays on this machine, or 0)")
     group.add_argument("--trust-remote-code", action="store_true", help="allow models that ship their own code")
     group.add_argument("--verify", action="store_true",
                        help="check the sha256 of every file of a converted model (sizes are checked on every load)")
@@ -144,6 +148,17 @@ class ModelChoice:
     preset: str | None  # None: --target replaced the preset
     target_placement: Placement | None = None  # --device-map and friends; None: on `device`
     drafter_placement: Placement | None = None
+
+
+def draft_vocabulary_size(text: str) -> int:
+    """--draft-vocabulary's K: a whole number, 0 or more."""
+    try:
+        size = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"a number of tokens (0: the whole vocabulary), not {text!r}") from None
+    if size < 0:
+        raise argparse.ArgumentTypeError(f"a number of tokens, 0 or more (0: the whole vocabulary), not {size}")
+    return size
 
 
 def check_model_names(args: argparse.Namespace) -> None:

@@ -19,6 +19,7 @@ if TYPE_CHECKING:
 
     from app.calibration import Tuning
     from app.flags import ModelChoice
+    from models.draft_vocabulary import DraftVocabulary
     from models.invariance import Invariance
     from models.loading import LoadedPair
     from sampling.settings import StrategySettings
@@ -48,6 +49,7 @@ def load_options(args: argparse.Namespace, choice: ModelChoice) -> dict[str, Any
             "cache_dir": args.cache_dir, "kernels": args.kernels, "device": choice.device, "dtype": args.dtype,
             "target_quantize": choice.target_quantize, "drafter_quantize": choice.drafter_quantize,
             "trust_remote_code": args.trust_remote_code, "verify": args.verify,
+            "draft_vocabulary": args.draft_vocabulary,
             "target_placement": choice.target_placement, "drafter_placement": choice.drafter_placement}
 
 
@@ -129,9 +131,11 @@ class Prepared:
 
 def probe_and_calibrate(target: CachedModel, drafter: CachedModel | None, records: Records,
                         settings: StrategySettings, keep: frozenset[str] = frozenset(), *, calibrate: bool = True,
-                        again: bool = False, report: Report = SILENT) -> Prepared:
+                        again: bool = False, report: Report = SILENT,
+                        vocabulary: DraftVocabulary | None = None) -> Prepared:
     """Probe the target's path, then (`calibrate`) time the forwards and choose the drafting settings, but those in
-    `keep` (the user's); each probed or timed once per machine, models and formats (`again`: anew)."""
+    `keep` (the user's), and the size of the drafter's `vocabulary`; each probed or timed once per machine, models and
+    formats (`again`: anew)."""
     from app.calibration import tune
     from models.formats import prefetch
 
@@ -145,7 +149,8 @@ def probe_and_calibrate(target: CachedModel, drafter: CachedModel | None, record
     if not calibrate:
         return Prepared(identity, None, records)
     with report.status("timing this machine's forwards (once) …"):
-        tuning = tune(records.cache_dir, target, drafter, records.key, settings, keep, again=again)
+        tuning = tune(records.cache_dir, target, drafter, records.key, settings, keep, again=again,
+                      vocabulary=vocabulary)
     if tuning.damaged:
         report.say(tuning.damaged, Said.PROBLEM)
     if tuning.measured:

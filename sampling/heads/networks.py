@@ -406,6 +406,15 @@ def eagle_config(model_config, intermediate_size: int) -> HeadConfig:
 HEADS_DIR = Path(__file__).resolve().parents[2] / "heads"  # the heads that ship with the project: <root>/heads
 
 
+ANSWERS_DIR = HEADS_DIR / "answers"  # the target's own answers the shipped heads trained on, as token ids
+
+
+def shipped_answers(target_name: str) -> Path | None:
+    """The project's answers of a target of this name (heads/answers/<name>.jsonl.gz), or None."""
+    path = ANSWERS_DIR / f"{target_name}.jsonl.gz"
+    return path if path.is_file() else None
+
+
 def shipped_heads(target_name: str) -> list[Path]:
     """The project's heads for a target of this name: heads/<name>-<kind>/."""
     return [d for d in sorted(HEADS_DIR.glob(f"{target_name}-*")) if (d / CONFIG).is_file()]
