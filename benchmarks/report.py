@@ -230,6 +230,8 @@ def markdown(report: dict) -> str:
     costs = report["costs"]
     counts = ", ".join(f"{k} {v}" for k, v in c["prompt_counts"].items())
     compiled = " (short forwards compiled)" if c.get("drafter_compiled") else ""
+    if c.get("draft_vocabulary"):
+        compiled += f" (a draft vocabulary of {c['draft_vocabulary']} tokens)"
     target_compiled = " (whole forward compiled)" if c.get("target_compiled") else ""
     lines = [
         "## Benchmark results",
@@ -398,8 +400,9 @@ def results_page(results_dir: Path) -> tuple[str, int, list[str]]:
                     and not (folder / "results.json").exists() and any(folder.glob("*.json")))
     if others:
         lines += ["## Other measurements", "",
-                  "Kernel (`python -m benchmarks.kernels`), long-context (`python -m benchmarks.context`) and accuracy "
-                  "(`python -m benchmarks.kld`) runs, by name:", ""]
+                  "Kernel (`python -m benchmarks.kernels`), long-context (`python -m benchmarks.context`), accuracy "
+                  "(`python -m benchmarks.kld`) and serving (`python -m benchmarks.serve`) runs, and runs of "
+                  "`bench.py` set side by side (a change before and after, a lever off and on), by name:", ""]
         for folder in others:
             data = ", ".join(_link(path.relative_to(results_dir.parent)) for path in sorted(folder.glob("*.json")))
             lines.append(f"- `{folder.name}`{_machine(folder)}: {data}{_notes(folder, results_dir.parent)}")
