@@ -138,8 +138,7 @@ def _split(text: str | None) -> list[str]:
 
 
 def selected_strategies(args: argparse.Namespace) -> tuple[list[str], list[str]]:
-    """(ours, hf and llama.cpp), autoregressive always first among ours: it is the baseline and builds multi-turn
-    contexts."""
+    """(ours, hf and llama.cpp), autoregressive first among ours: the baseline, and it builds multi-turn contexts."""
     if args.strategies:
         names = _split(args.strategies)
     else:
@@ -378,7 +377,6 @@ def measure(args: argparse.Namespace, prompts: list[Prompt], models: Models, sta
                    "threads": torch.get_num_threads(), "max_new_tokens": args.max_new_tokens,
                    "decoding": repr(config.processor), "seed": args.seed,
                    "strategy_settings": asdict(started.settings), "drafter_compiled": started.compiled is not None,
-                   "draft_vocabulary": models.engine.vocabulary.size if models.engine.vocabulary is not None else None,
                    "target_compiled": models.engine.target.whole_model is not None,
                    "target_path": str(started.identity.path), "contestants": [c.describe() for c in contestants]}
     checkpoint = Checkpoint(out / "progress.jsonl", fingerprint, resume=args.resume)
@@ -417,7 +415,7 @@ def make_report(args: argparse.Namespace, argv: list[str] | None, prompts: list[
             "target": target.label, "target_source": target.source,
             "drafter": drafter.label if drafter else None, "drafter_source": drafter.source if drafter else None,
             "drafter_compiled": compiled is not None, "drafter_compile_seconds": compiled,
-            "draft_vocabulary": models.engine.vocabulary.size if models.engine.vocabulary is not None else None,
+            "draft_vocabulary": models.engine.draft_vocabulary,
             "target_compiled": models.engine.target.whole_model is not None,  # a draft head's strategy drops it
             "target_compile_seconds": started.target_compiled,
             "target_quantize": target.quantize, "drafter_quantize": drafter.quantize if drafter else None,

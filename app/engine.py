@@ -341,6 +341,11 @@ class Engine:
         self.info = replace(self.info, drafter_format=base + (f" · draft vocabulary {size}" if size else ""))
 
     @property
+    def draft_vocabulary(self) -> int:
+        """The tokens the draft model drafts from where restricted (`use_vocabulary`); 0: its whole vocabulary."""
+        return self.vocabulary.size if self.vocabulary is not None else 0
+
+    @property
     def _chosen_vocabulary(self) -> DraftVocabulary | None:
         """The draft vocabulary whose size the calibration chooses: none where the user set it."""
         return self.vocabulary if self.vocabulary_set is None else None

@@ -93,8 +93,9 @@ def test_greedy_speculative_with_a_draft_vocabulary_equals_autoregressive_and_it
     vocabulary = vocabulary_of(engine.drafter.model, list(range(0, 320, 3)))  # a third of the tokens
     engine.vocabulary = vocabulary
     expected = engine.generate("a b c", "autoregressive", max_new_tokens=40)
+    assert engine.draft_vocabulary == 0
     engine.use_vocabulary(107)
-    assert "draft vocabulary 107" in engine.info.drafter_format
+    assert "draft vocabulary 107" in engine.info.drafter_format and engine.draft_vocabulary == 107
     got = engine.generate("a b c", "speculative", max_new_tokens=40, gamma=4)
     assert got.token_ids == expected.token_ids
     outside = [t for t in expected.token_ids if t % 3]
