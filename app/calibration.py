@@ -158,9 +158,9 @@ def measure(target: CachedModel, drafter: CachedModel | None, key: dict, widths:
     vocab_ms = {}
     if drafter is not None and vocabulary is not None and vocabulary.sizes:
         vocab_ms = time_vocabulary(drafter, vocabulary, prompt, new[:1], max(repeats, 5))
-        # drafter_ms is the whole vocabulary's step: a restricted one timed is scaled to it
+        # drafter_ms is the whole vocabulary's step: a restricted one timed gets back what its layer saved
         if drafter_ms is not None and vocabulary.size in vocab_ms:
-            drafter_ms = drafter_ms * vocab_ms[0] / vocab_ms[vocabulary.size]
+            drafter_ms += vocab_ms[0] - vocab_ms[vocabulary.size]
     return Calibration(key, target_ms, drafter_ms, context, time.perf_counter() - started,
                        datetime.datetime.now().astimezone().isoformat(timespec="seconds"), vocab_ms)
 
@@ -200,9 +200,8 @@ def calibrate(cache_dir: Path, target: CachedModel, drafter: CachedModel | None,
     timings of the drafter's `vocabulary` sizes is measured anew."""
     path = key_file(cache_dir, key)
     kept, damaged = (None, None) if again else load(path, key)
-    timed = vocabulary is None or not vocabulary.sizes or set(vocabulary.sizes) <= set(kept.drafter_vocab_ms
-                                                                                       if kept else ())
-    if kept is not None and timed:
+    needed = set(vocabulary.sizes) if vocabulary is not None else set()
+    if kept is not None and needed <= set(kept.drafter_vocab_ms):
         return kept, False, None
     calibration = measure(target, drafter, key, vocabulary=vocabulary)
     try:
@@ -237,6 +236,13 @@ def expected_tokens(gamma: int, acceptance: float = ACCEPTANCE) -> float:
     return (1 - acceptance ** (gamma + 1)) / (1 - acceptance)
 
 
+def chain_rates(calibration: Calibration, cost: float, acceptance: float = ACCEPTANCE) -> dict[int, float]:
+    """Tokens per target step of a chain of each gamma: one verify over gamma + 1 tokens and gamma drafter steps of
+    `cost` (c) for expected_tokens(gamma, acceptance)."""
+    return {g: expected_tokens(g, acceptance) / (calibration.verify_cost(g + 1) + g * cost)
+            for g in range(1, MAX_GAMMA + 1)}
+
+
 def vocabulary_choice(calibration: Calibration, coverage: dict[int, float]) -> tuple[int, str | None]:
     """The draft vocabulary size that commits the most per target step (0: the whole vocabulary), and why.
 
@@ -248,13 +254,8 @@ def vocabulary_choice(calibration: Calibration, coverage: dict[int, float]) -> t
     c = calibration.draft_cost
     if c is None or not coverage:
         return 0, None
-
-    def rate(cost: float, acceptance: float) -> float:
-        return max(expected_tokens(g, acceptance) / (calibration.verify_cost(g + 1) + g * cost)
-                   for g in range(1, MAX_GAMMA + 1))
-
-    whole = rate(c, ACCEPTANCE)
-    rates = {size: rate(cost, ACCEPTANCE * share) for size, share in coverage.items()
+    whole = max(chain_rates(calibration, c).values())
+    rates = {size: max(chain_rates(calibration, cost, ACCEPTANCE * share).values()) for size, share in coverage.items()
              if (cost := calibration.vocabulary_cost(size)) is not None}
     if not rates:
         return 0, None
@@ -282,7 +283,7 @@ def choose(calibration: Calibration, base: StrategySettings = StrategySettings()
     vocabulary, why_vocabulary = vocabulary_choice(calibration, coverage or {})
     c = calibration.vocabulary_cost(vocabulary)
     step_cost = c if c is not None else 0.0
-    rate = {g: expected_tokens(g) / (calibration.verify_cost(g + 1) + g * step_cost) for g in range(1, MAX_GAMMA + 1)}
+    rate = chain_rates(calibration, step_cost)
     gamma = max(rate, key=rate.__getitem__)
     chain_cost = calibration.verify_cost(gamma + 1)
     widths = [n for n in range(gamma + 1, max(calibration.target_ms) + 1)
