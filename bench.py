@@ -371,7 +371,7 @@ def measure(args: argparse.Namespace, prompts: list[Prompt], models: Models, sta
         decode=lambda ids: tokenizer.decode([t for t in ids if t not in end_ids], skip_special_tokens=True,
                                             clean_up_tokenization_spaces=False))
     run_settings = RunSettings(config, warmup_tokens=4 if args.quick else 8, context_limit=context_limit,
-                               progress=not args.no_progress)
+                               progress=not args.no_progress, remember=models.engine.session.add)
     fingerprint = {"target": target.label, "drafter": drafter.label if drafter else None,
                    "dtype": str(next(target.model.parameters()).dtype), "device": str(target.model.device),
                    "threads": torch.get_num_threads(), "max_new_tokens": args.max_new_tokens,

@@ -28,6 +28,7 @@ from app.startup import SILENT, Records, Report, Said, probe_and_calibrate, reco
 from app.text import Detokenizer, chat_ids
 from app.yardstick import Contestant, Yardstick
 from sampling.base import DecodeConfig, Result, Round, Strategy
+from sampling.drafters.session import SessionText
 from sampling.registry import build_strategy
 from sampling.settings import NEEDS_DRAFTER, NEEDS_HEAD, STRATEGIES, StrategySettings
 from utils.logits_processor import make_processor
@@ -88,10 +89,11 @@ class Stream:
     `with` block's end or a `break` stops it between rounds, where the caches hold only committed tokens."""
 
     def __init__(self, engine: Engine, prompt_ids: list[int], rounds: Generator[Round, None, None], strategy: str,
-                 max_new_tokens: int, stop: tuple[str, ...]):
+                 max_new_tokens: int, stop: tuple[str, ...], remember: bool = True):
         self.prompt_ids, self.strategy = prompt_ids, strategy
         self.reply: Reply | None = None
         self._engine, self._rounds, self._max_new_tokens, self._stop = engine, rounds, max_new_tokens, stop
+        self._remember = remember
         self._pieces = self._run()
 
     @property
@@ -136,6 +138,8 @@ class Stream:
         finally:
             self._rounds.close()  # between rounds: the caches hold the committed tokens
             self.reply = self._reply(result, text, stopped)
+            if self._remember:
+                engine.session.add(self.prompt_ids + self.reply.token_ids)
         if len(text) > sent:
             yield text[sent:]
 
@@ -225,6 +229,7 @@ class Engine:
         # vocabulary. `vocabulary_set`: the size the user chose (None: the calibration's).
         self.vocabulary: DraftVocabulary | None = None
         self.vocabulary_set: int | None = None
+        self.session = SessionText()  # the prompts and answers so far, which auto drafts from (`stream`'s remember)
 
     @classmethod
     def load(cls, preset: str | None = None, *, target: str | None = None, drafter: str | None = None,
@@ -389,7 +394,8 @@ class Engine:
 
     def build(self, name: str, settings: StrategySettings | None = None) -> Strategy:
         """Strategy `name` on this engine's cached models (`sampling.registry.build_strategy`)."""
-        return build_strategy(name, self.target, self.drafter, settings or self.settings, self.heads, self.tokenizers)
+        return build_strategy(name, self.target, self.drafter, settings or self.settings, self.heads, self.tokenizers,
+                              self.session)
 
     def encode(self, prompt: str | list[dict[str, str]], chat: bool = True) -> list[int]:
         """Prompt ids: messages, or a string as one user message, through the chat template; a string as it is
@@ -411,10 +417,12 @@ class Engine:
         return pieces.reply
 
     def stream(self, prompt: str | list[dict[str, str]], strategy: str = "auto", *, chat: bool = True,
-               **settings: Any) -> Stream:
+               remember: bool = True, **settings: Any) -> Stream:
         """Stream the reply to `prompt` (a string, or {"role", "content"} messages) by `strategy` ("auto" without a
         drafter: autoregressive). `settings`: any `StrategySettings` field (gamma, verify_width, ...), and
         max_new_tokens, temperature, top_k, top_p, min_p, seed, ignore_eos, stop (strings that end the reply).
+        `remember`: the prompt and its reply join `session`, the text later prompts' drafts may copy from (False for
+        a run that another strategy repeats: it would copy this one's answer).
         ValueError, one line, for an unknown strategy or setting or a value out of its bounds."""
         name = "autoregressive" if strategy == "auto" and self.drafter is None else strategy
         if name not in self.strategies:
@@ -432,7 +440,7 @@ class Engine:
         ids = self.encode(prompt, chat)
         self.target.adopt_compiled()  # between generations: one target graph from a generation's start to its end
         rounds = cast(Generator[Round, None, None], self._strategy(name, chosen).stream(ids, config))
-        return Stream(self, ids, rounds, name, budget, (stop,) if isinstance(stop, str) else tuple(stop))
+        return Stream(self, ids, rounds, name, budget, (stop,) if isinstance(stop, str) else tuple(stop), remember)
 
     def _strategy(self, name: str, settings: StrategySettings) -> Strategy:
         """The strategy built for these settings, kept while they stay (an n-gram store learns across prompts)."""

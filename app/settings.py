@@ -176,6 +176,12 @@ SETTINGS: tuple[Setting, ...] = (
             command="head-lookup", arguments="[on|off]",
             done=lambda on: "eagle and medusa: " + ("prompt lookup where the context holds a copy, the head elsewhere"
                                                     if on else "the head alone drafts")),
+    Setting("session_min_match", "auto, eagle and medusa: where the context holds no copy, the session's earlier "
+            "prompts and answers draft the round where the context's last N tokens occurred in them (0: off)",
+            (Value("session_min_match", word="session match"),), flags=("--session-match",),
+            command="session-match",
+            done=lambda n: "drafts from the session's earlier text: " + (f"where {n} tokens or more match" if n
+                                                                        else "off")),
     Setting("typical", f"sampling with eagle or medusa: Medusa's typical acceptance (threshold "
             f"{_s.typical_threshold:g}, alpha {_s.typical_alpha:g}). NOT lossless: the answer no longer follows the "
             "target's distribution", (Value("typical", bool),), flags=("--typical",), command="typical",

@@ -42,6 +42,9 @@ class RunSettings:
     warmup_tokens: int = 8
     context_limit: int = 1 << 31  # prompt + max_new_tokens must fit (smallest context among the models)
     progress: bool = True
+    # What a turn's prompt and its reference answer are handed to once every contestant ran it: the session's text
+    # that the turns after draft from (the chat's rule: no contestant copies another's answer to the same turn).
+    remember: Callable[[list[int]], None] | None = None
 
 
 def first_difference(a: list[int], b: list[int]) -> int | None:
@@ -140,6 +143,8 @@ def run_benchmark(prompts: list[Prompt], contestants: list[Contestant], encoder:
                     position, generation = runs[contestant.name]
                     measurements.append(_record(prompt, turn, len(prompt_ids), contestant, position, generation,
                                                 reference, config, encoder))
+                if settings.remember is not None:
+                    settings.remember(prompt_ids + reference.token_ids)
                 messages.append({"role": "assistant", "content": encoder.decode(reference.token_ids)})
             if checkpoint is not None:
                 checkpoint.save(prompt, measurements[first_measurement:], skipped[first_skipped:])

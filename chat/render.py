@@ -207,9 +207,12 @@ def slower_reason(row: ComparisonRow, baseline: ComparisonRow | None) -> str | N
 
 
 def own_counts(extra: dict[str, int]) -> str:
-    """A drafter's own counts in words: re-tokenizing time (a drafter of another tokenizer), lookahead's pool hits."""
+    """A drafter's own counts in words: re-tokenizing time (a drafter of another tokenizer), lookahead's pool hits,
+    auto's rounds drafted from the session's earlier text."""
     words = {"retokenize_us": lambda us: f"re-tokenizing {us / 1e3:.1f} ms",
-             "pool_hits": lambda hits: f"{hits} drafts from the pool"}
+             "pool_hits": lambda hits: f"{hits} drafts from the pool",
+             "session_rounds": lambda rounds: f"{rounds} rounds from the session's text",
+             "session_accepted": lambda drafts: f"{drafts} of their drafts accepted"}
     return " · ".join(words[key](value) if key in words else f"{key} {value}" for key, value in extra.items()) or DASH
 
 
@@ -266,6 +269,13 @@ def describe_heads(heads: dict) -> str:
     return " · ".join(parts)
 
 
+def copies(session_match: int) -> str:
+    """What auto (and a head with its lookup) copies from besides the draft model."""
+    if not session_match:
+        return " · auto copies from the context only (/session-match N: its earlier text too)"
+    return f" · auto copies from the context, then the session's earlier text where {session_match} tokens match"
+
+
 def banner(info: ModelInfo, session: ChatSession, compare: bool) -> Panel:
     settings = session.settings
     grid = Table.grid(padding=(0, 2))
@@ -280,7 +290,8 @@ def banner(info: ModelInfo, session: ChatSession, compare: bool) -> Panel:
         "device": info.device + (f" · {info.placement}" if info.placement else ""),
         "drafting": (f"calibrated for this machine: {session.tuning.summary(settings.strategy)} (/stats: why)"
                      if session.tuning else f"not calibrated: gamma {settings.strategy.gamma}, verify width "
-                                            f"{settings.strategy.verify_width} (/calibrate)"),
+                                            f"{settings.strategy.verify_width} (/calibrate)")
+                    + copies(settings.strategy.session_min_match),
         "identity": "greedy: " + (session.invariance.summary if session.invariance else "not probed"),
         "strategies": running(settings.strategies, compare),
         "sampling": f"{describe_processor(settings.processor)} · up to {settings.max_new_tokens} new tokens",

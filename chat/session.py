@@ -232,8 +232,10 @@ class ChatSession:
         return tuning
 
     def reset(self) -> None:
-        """Forget the conversation (and any n-gram store); the caches stay and are re-synced by the next prompt."""
+        """Forget the conversation (and any n-gram store, and the session's text that auto drafts from); the caches
+        stay and are re-synced by the next prompt."""
         self.history.clear()
+        self.engine.session.clear()
         self._strategies.clear()
         self.configure(self.settings)
 
@@ -253,8 +255,8 @@ class ChatSession:
 
     def load(self, settings: ChatSettings, history: list[Message]) -> None:
         """Resume a saved conversation: its settings first (on a ValueError nothing changes), then its history, with
-        fresh strategies (an n-gram store starts empty, as after `reset`). The caches stay: the next prompt keeps
-        whatever start it shares with them."""
+        fresh strategies (an n-gram store starts empty, as after `reset`, and so does the session's text that auto
+        drafts from). The caches stay: the next prompt keeps whatever start it shares with them."""
         kept = self._strategies
         self._strategies = {}
         try:
@@ -263,6 +265,7 @@ class ChatSession:
             self._strategies = kept
             raise
         self.history = list(history)
+        self.engine.session.clear()
 
     @property
     def uses_template(self) -> bool:
@@ -353,8 +356,11 @@ class ChatSession:
     def decode(self, ids: list[int]) -> str:
         return self.engine.decode(ids)
 
-    def record(self, user_text: str, answer: str) -> None:
-        """Add a finished (or interrupted) turn to the history the model sees; raw completions are not chat."""
+    def record(self, user_text: str, answer: str, ids: list[int]) -> None:
+        """Add a finished (or interrupted) turn to the history the model sees (raw completions are not chat), and its
+        prompt and answer `ids` to the session's text the turns after draft from: once a turn's every run is over,
+        so that no strategy of the turn copies another's answer."""
+        self.engine.session.add(ids)
         if self.uses_template:
             self.history += [Message("user", user_text), Message("assistant", answer)]
 

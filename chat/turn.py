@@ -119,6 +119,7 @@ def run_turn(session: ChatSession, text: str, view: View, strategies: tuple[str,
                 view.end(turn.runs[-1])
     first = turn.runs[0] if turn.runs else None
     if first is not None and first.rounds and first.error is None:
-        turn.answer = session.decode(session.answer_ids(first))
-        session.record(text, turn.answer)
+        answer = session.answer_ids(first)
+        turn.answer = session.decode(answer)
+        session.record(text, turn.answer, plan.ids + answer)
     return turn

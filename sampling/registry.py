@@ -14,6 +14,7 @@ from sampling.drafters.lookahead import LookaheadDrafter
 from sampling.drafters.model import ModelDrafter
 from sampling.drafters.ngram import NGramDrafter
 from sampling.drafters.prompt_lookup import PromptLookupDrafter
+from sampling.drafters.session import SessionText
 from sampling.heads.eagle import EagleDrafter
 from sampling.heads.medusa import MedusaDrafter
 from sampling.heads.networks import DraftHead
@@ -30,10 +31,12 @@ if TYPE_CHECKING:
 def build_strategy(name: str, target: CachedModel, drafter: CachedModel | None,
                    settings: StrategySettings = StrategySettings(),
                    heads: dict[str, DraftHead] | None = None,
-                   tokenizers: tuple[PreTrainedTokenizerBase, PreTrainedTokenizerBase] | None = None) -> Strategy:
+                   tokenizers: tuple[PreTrainedTokenizerBase, PreTrainedTokenizerBase] | None = None,
+                   session: SessionText | None = None) -> Strategy:
     """`target` and `drafter` are the long-lived cached models (their caches carry over between prompts); `heads`
     the loaded draft heads by kind; `tokenizers` the target's and the drafter's where their vocabularies differ
-    (the drafter then drafts text, `CrossVocabDrafter`)."""
+    (the drafter then drafts text, `CrossVocabDrafter`); `session` the session's earlier prompts and answers, which
+    auto (and a head with head_lookup) drafts from where the context holds no copy."""
     if name not in STRATEGIES:
         raise ValueError(f"unknown strategy {name!r}; choose from {', '.join(STRATEGIES)}")
     if name in NEEDS_DRAFTER and drafter is None:
@@ -48,7 +51,7 @@ def build_strategy(name: str, target: CachedModel, drafter: CachedModel | None,
         made: Drafter = (EagleDrafter(target, head, s.head_branch, tree, s.head_cumulative) if name == "eagle"
                          else MedusaDrafter(target, head, s.head_branch, tree))
         typical = (s.typical_threshold, s.typical_alpha) if s.typical else None
-        made, gamma = with_copies(made, s) if s.head_lookup else (made, s.gamma)
+        made, gamma = with_copies(made, s, session) if s.head_lookup else (made, s.gamma)
         return Speculative(target, made, gamma, name=name, typical=typical)
     if name == "autoregressive":
         return Autoregressive(target)
@@ -69,7 +72,7 @@ def build_strategy(name: str, target: CachedModel, drafter: CachedModel | None,
         return made if tokenizers is None else CrossVocabDrafter(made, Retokenizer(*tokenizers))
 
     if name == "auto":
-        return Speculative(target, *with_copies(model_drafter(), s), name=name)
+        return Speculative(target, *with_copies(model_drafter(), s, session), name=name)
     drafters = {
         "speculative": model_drafter,
         "ngram": lambda: NGramDrafter(s.ngram_n, s.ngram_kind, s.ngram_filler_top_k, s.ngram_reset_each_prompt),
@@ -81,8 +84,11 @@ def build_strategy(name: str, target: CachedModel, drafter: CachedModel | None,
     return Speculative(target, drafters[name](), gamma, name=name)
 
 
-def with_copies(drafter: Drafter, s: StrategySettings) -> tuple[CombinedDrafter, int]:
-    """Prompt lookup first, where at least auto_min_match tokens of context match, `drafter` (gamma tokens) elsewhere;
-    and the loop's draft length, the longer of the copy's and the drafter's."""
+def with_copies(drafter: Drafter, s: StrategySettings,
+                session: SessionText | None = None) -> tuple[CombinedDrafter, int]:
+    """Prompt lookup first, where at least auto_min_match tokens of context match, then the `session`'s earlier text
+    where session_min_match tokens match, `drafter` (gamma tokens) elsewhere; and the loop's draft length, the longer
+    of the copy's and the drafter's."""
     lookup = PromptLookupDrafter(s.lookup_max_ngram, s.auto_min_match, s.verify_width - 1)
-    return CombinedDrafter(lookup, drafter, s.gamma), max(s.copy_gamma, s.gamma)
+    return CombinedDrafter(lookup, drafter, s.gamma, session=session,
+                           session_match=s.session_min_match), max(s.copy_gamma, s.gamma)

@@ -65,6 +65,10 @@ class StrategySettings:
     # eagle and medusa: prompt lookup drafts where the context holds a copy (auto's rule: auto_min_match tokens
     # matched, up to copy_gamma drafted), the head elsewhere; heads draft copied text poorly.
     head_lookup: bool = True
+    # auto (and eagle and medusa with head_lookup): where the context holds no copy, the session's earlier prompts and
+    # answers draft the round where the context's last session_min_match tokens or more occurred there (0: never);
+    # shorter matches guess the next token less often than the draft model does (docs/drafting.md).
+    session_min_match: int = 8
     # Sampling with eagle or medusa: Medusa's typical acceptance instead of the lossless rule. NOT lossless: the
     # output no longer follows the target's distribution (faster, as the drafts pass more often).
     typical: bool = False
@@ -106,6 +110,7 @@ BOUNDS: dict[str, Callable[[str, Any], Any]] = {
     "head_branch": lambda s, v: integer(s, v, 1, 16),
     "head_cumulative": lambda s, v: number(s, v, 0, 1, high_open=True),
     "head_lookup": switch,
+    "session_min_match": lambda s, v: integer(s, v, 0, 16),
     "typical": switch,
     "typical_threshold": lambda s, v: number(s, v, 0, 1),
     "typical_alpha": lambda s, v: number(s, v, 0, 1),

@@ -1,26 +1,44 @@
-"""The automatic drafter: copy from the context where the context predicts the answer, the draft model elsewhere."""
+"""The automatic drafter: copy from the context where the context predicts the answer, from the session's earlier
+text where it holds a long enough match, the draft model elsewhere."""
 
 from __future__ import annotations
+
+from dataclasses import dataclass, field
 
 import torch
 from torch import Tensor
 
 from sampling.drafters.base import Draft, Drafter
 from sampling.drafters.prompt_lookup import PromptLookupDrafter
+from sampling.drafters.session import SessionText
 from sampling.settings import check
 from utils.logits_processor import LogitsProcessor
 from utils.runner import CachedModel
 
 
+@dataclass
+class SessionDraft(Draft):
+    """A round drafted from the session's earlier text: it counts its rounds and the drafts accepted."""
+
+    matched: int = field(default=0, kw_only=True)
+
+    def extra(self, accepted: list[int]) -> dict[str, int]:
+        return {"session_rounds": 1, "session_accepted": len(accepted)}
+
+
 class CombinedDrafter(Drafter):
     """Prompt lookup first (free to draft, up to the loop's k tokens); when it finds fewer than `min_copy` tokens,
-    the draft model proposes up to `model_gamma` tokens instead."""
+    the `session`'s earlier text where its last `session_match` tokens or more occurred there (a tree of what
+    followed, the most frequent first, as many nodes as lookup's tree may hold), else the draft model proposes up
+    to `model_gamma` tokens."""
 
     name = "auto"
 
-    def __init__(self, lookup: PromptLookupDrafter, model: Drafter, model_gamma: int = 4, min_copy: int = 2):
+    def __init__(self, lookup: PromptLookupDrafter, model: Drafter, model_gamma: int = 4, min_copy: int = 2,
+                 session: SessionText | None = None, session_match: int = 0):
         self.lookup, self.model, self.model_gamma = lookup, model, check("gamma", model_gamma)
         self.min_copy = min_copy
+        self.session, self.session_match = session, check("session_min_match", session_match)
         self.copied = 0  # rounds drafted by lookup
         self.last: Drafter = model
 
@@ -41,6 +59,12 @@ class CombinedDrafter(Drafter):
         if len(draft.line([])) >= self.min_copy:  # the latest copy (others may ride along as a tree)
             self.last, self.copied = self.lookup, self.copied + 1
             return draft
+        if self.session is not None and self.session_match:
+            found = self.session.draft(ids, k, self.lookup.max_tree or k, self.session_match)
+            if found is not None:
+                self.last = self.lookup  # no model ran: nothing to hear back
+                chain = found.parents == list(range(-1, len(found.tokens) - 1))
+                return SessionDraft(found.tokens, parents=None if chain else found.parents, matched=found.matched)
         self.last = self.model
         return self.model.propose(ids, min(k, self.model_gamma), processor, generator)
 
