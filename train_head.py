@@ -41,7 +41,7 @@ from pathlib import Path
 
 from models.presets import EMBEDDED, QUANTIZE_CHOICES
 from training.budget import Budget
-from training.data import ANSWERS, make_data, read_answers, save_answers, unanswered_rows
+from training.data import ANSWERS, make_data, read_answers, read_texts, save_answers, text_rows, unanswered_rows
 from training.held_out import held_out_tokens_per_step
 from training.learning import draft_vocabulary, train
 from utils.files import Busy, exclusive
@@ -106,6 +106,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    help="answers made before, as token ids (the answers.jsonl.gz a run writes beside its head): "
                         "trained on, their features made again by one forward of the target each, their prompts "
                         "not asked again")
+    p.add_argument("--read", nargs="+", type=Path, default=[], metavar="FILE",
+                   help="text files the target reads: each piece (about 400 tokens, as an answer) trained on, its "
+                        "features and the target's predictions from one forward, a prefill's speed, several times "
+                        "the tokens a minute that answering makes; kept in answers.jsonl.gz, never held out")
     again = p.add_mutually_exclusive_group()
     again.add_argument("--resume", action="store_true",
                        help="continue from OUT's answers (OUT/data, else answers.jsonl.gz) and checkpoint")
@@ -151,13 +155,14 @@ def main(argv: list[str] | None = None) -> int:
     try:
         prompts = read_prompts(args.prompts)
         reused = read_answers(args.answers)
+        pieces = read_texts(args.read)
         check_out(out, Path(args.data) if args.data else None, args.resume or args.overwrite)
     except (OSError, ValueError) as error:
         print(f"error: {error}", file=sys.stderr)
         return USAGE_EXIT
     try:
         with exclusive(out, wait=False):  # made if absent
-            return run(args, prompts, budget, argv, reused)
+            return run(args, prompts, budget, argv, reused, pieces)
     except Busy:
         print(f"error: another train_head.py run is using {out}: wait for it to end, or choose another --out",
               file=sys.stderr)
@@ -236,7 +241,8 @@ def remove_own_files(out: Path, data: Path) -> None:
         file.unlink(missing_ok=True)
 
 
-def run(args, prompts: list[str], budget: Budget, argv: list[str] | None, reused: list[dict]) -> int:
+def run(args, prompts: list[str], budget: Budget, argv: list[str] | None, reused: list[dict],
+        pieces: list[tuple[str, str]] = ()) -> int:
     import torch
 
     from app.engine import Engine
@@ -273,6 +279,7 @@ def run(args, prompts: list[str], budget: Budget, argv: list[str] | None, reused
             return FAILED_EXIT
     kept = kept_answers(out / ANSWERS) if args.resume else []
     reused = [*reused, *unanswered_rows(kept, reused)]  # what OUT/data lost is made again from its token ids
+    reused += unanswered_rows(text_rows(loaded.tokenizer, list(pieces)), reused)  # after the answers: held out first
     if reused and (largest := max(int(row["ids"].max()) for row in reused)) >= vocab_size:
         print(f"error: --answers hold token id {largest}, past the target's {vocab_size}: answers of another "
               "tokenizer's model", file=sys.stderr)
@@ -287,8 +294,10 @@ def run(args, prompts: list[str], budget: Budget, argv: list[str] | None, reused
         return FAILED_EXIT
     save_answers([*data, *unanswered_rows(kept, data)], out / ANSWERS)  # never fewer answers than it kept
     data_seconds = budget.used()
-    held = max(1, round(len(data) * args.held_out)) if args.held_out else 0
-    held_rows, train_rows = data[:held], data[held:]
+    answered = [row for row in data if not row.get("read")]  # what the target wrote: the held-out answers' kind
+    held = max(1, round(len(answered) * args.held_out)) if args.held_out else 0
+    held_rows = answered[:held]
+    train_rows = [row for row in data if not any(row is kept for kept in held_rows)]
     if start is not None:  # its shape and draft vocabulary too: the weights were trained for them
         config, module, vocab = start.config, start.module, start.vocab
     else:
@@ -301,10 +310,12 @@ def run(args, prompts: list[str], budget: Budget, argv: list[str] | None, reused
     evaluation = (held_out_tokens_per_step(head, held_rows, args.eval_depth, args.eval_tree, DEFAULT_BRANCH,
                                            seconds=max(budget.left(), 0.0))
                   if held_rows else {})
-    tokens = sum(len(r["ids"]) - r["start"] for r in data)
+    tokens = sum(len(r["ids"]) - r["start"] for r in data if not r.get("read"))
+    read = [r for r in data if r.get("read")]
     info = {"target": loaded.name, "target_source": loaded.source, "target_format": loaded.format,
-            "answers": len(data), "held_out_answers": held,
-            "answer_tokens": tokens, "draft_vocab": None if vocab is None else len(vocab),
+            "answers": len(data) - len(read), "held_out_answers": held,
+            "answer_tokens": tokens, "read_pieces": len(read), "read_tokens": sum(len(r["ids"]) for r in read),
+            "draft_vocab": None if vocab is None else len(vocab),
             "data_seconds": round(data_seconds), "train_seconds": round(stats["seconds"]), "epochs": stats["epoch"],
             "steps": stats["step"], "stopped_by": stats["stopped_by"], "draft_depth": args.draft_depth,
             "train_bf16": args.train_bf16,

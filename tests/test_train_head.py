@@ -444,3 +444,58 @@ def test_init_trains_on_from_a_heads_weights_and_draft_vocabulary(target, tmp_pa
     assert train_head.main(argv(target, third, prompts, "--init", str(first))) == 1  # argv's --kind medusa
     assert "holds a head of kind eagle, and --kind asks for medusa" in capsys.readouterr().err
     assert not (third / "data").exists()
+
+
+def test_text_the_target_reads_is_trained_on_kept_with_the_answers_and_never_held_out(target, tmp_path):
+    """--read: each piece of a text file becomes an answer to READ_ASKED, its features made by one forward (the same
+    as a forward over it gives), kept in answers.jsonl.gz marked "read", trained on and never held out; a later run
+    that reads that file back keeps the mark."""
+    import gzip
+
+    text = tmp_path / "notes.md"
+    text.write_text("".join(f"Line {i}: the quick brown fox jumps over the lazy dog.\n" for i in range(60)))
+    out, prompts = tmp_path / "head", prompt_file(tmp_path / "p.jsonl", 4)
+    assert train_head.main(argv(target, out, prompts, "--read", str(text), "--held-out", "0.5")) == 0
+    info = training(out)
+    pieces = training_data.read_texts([text])
+    assert len(pieces) == info["read_pieces"] >= 2 and info["read_tokens"] > 0
+    assert info["answers"] == 4 and info["held_out_answers"] == 2  # half of the four answers; no piece held out
+    with gzip.open(out / "answers.jsonl.gz", "rt") as file:
+        kept = [json.loads(line) for line in file]
+    read = [row for row in kept if row.get("read")]
+    assert len(read) == len(pieces) and len(kept) == 4 + len(pieces)
+    rows = {row["prompt"]: row for file in (out / "data").glob("batch-*.pt") for row in torch.load(file,
+                                                                                                 weights_only=True)}
+    model = __import__("transformers").AutoModelForCausalLM.from_pretrained(target, dtype=torch.float32)
+    for row in read:
+        stored = rows[row["prompt"]]
+        assert stored["ids"].tolist() == row["ids"] and stored["start"] == row["start"]
+        torch.testing.assert_close(stored["features"], training_data._features(model, row["ids"]))
+    again = training_data.read_answers([out / "answers.jsonl.gz"])
+    assert sum(1 for row in again if row.get("read")) == len(pieces)
+
+
+def test_read_texts_cuts_at_line_ends_near_the_piece_size(tmp_path):
+    text = tmp_path / "a.txt"
+    lines = [f"{i:04d} " + "x" * 94 + "\n" for i in range(40)]  # 100 characters a line
+    text.write_text("".join(lines))
+    pieces = training_data.read_texts([text])
+    assert "".join(piece for _, piece in pieces) == "".join(lines)
+    assert all(name == "a.txt" and piece.endswith("\n") for name, piece in pieces)
+    assert [len(piece) for _, piece in pieces] == [training_data.READ_CHARACTERS] * 2 + [800]
+
+
+@pytest.mark.parametrize("make, message", [
+    (lambda p: None, "--read: no file at"),
+    (lambda p: p.write_bytes(b"\xff\xfe\x00x"), "is not UTF-8 text"),
+    (lambda p: p.write_bytes(b"ab\x00cd"), "is binary"),
+    (lambda p: p.write_text(" \n\n"), "is empty"),
+    (lambda p: p.mkdir(), "is a directory"),
+])
+def test_bad_read_input_is_refused_in_one_line_before_loading(tmp_path, capsys, make, message):
+    path = tmp_path / "text"
+    make(path)
+    assert train_head.main(argv(tmp_path / "no-model", tmp_path / "head", prompt_file(tmp_path / "p.jsonl", 2),
+                                "--read", str(path))) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: --read: ") and message in err and len(err.splitlines()) == 1, err

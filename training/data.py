@@ -69,12 +69,13 @@ def make_data(model, tokenizer, prompts: list[str], out: Path, max_new_tokens: i
 
 
 def save_answers(data: list[dict], path: Path) -> None:
-    """The answers' token ids, a JSON object a line ({"prompt", "start", "ids"}), gzipped: what read_answers reads."""
+    """The answers' token ids, a JSON object a line ({"prompt", "start", "ids"}, and "read": true for text the
+    target read), gzipped: what read_answers reads."""
 
     def write(temporary: Path) -> None:
         with gzip.open(temporary, "wt", encoding="utf-8") as file:
             for row in data:
-                kept = {"prompt": row["prompt"]} if "prompt" in row else {}
+                kept = {key: row[key] for key in ("prompt", "read") if row.get(key)}
                 file.write(json.dumps({**kept, "start": row["start"], "ids": row["ids"].tolist()}) + "\n")
 
     write_atomically(path, write)
@@ -107,7 +108,54 @@ def read_answers(paths: list[Path]) -> list[dict]:
             if (problem := _answer_problem(row)) is not None:
                 raise ValueError(f"{path}:{number}: not an answer: {problem}")
             rows.append({"ids": torch.tensor(row["ids"]), "start": row["start"],
-                         **({"prompt": row["prompt"]} if "prompt" in row else {})})
+                         **{key: row[key] for key in ("prompt", "read") if row.get(key)}})
+    return rows
+
+
+READ_CHARACTERS = 1600  # a text read is cut into pieces of about this many characters (some 400 tokens), at lines
+READ_LIMIT = 64 << 20  # the most characters --read takes from one file
+READ_ASKED = "Go on."  # each piece is the answer to this: the target reads it where it drafts, in an answer
+
+
+def read_texts(paths: list[Path]) -> list[tuple[str, str]]:
+    """Text files cut into pieces at line ends, (name, piece) each: text the target reads to make training data at a
+    prefill's speed (`text_rows`). ValueError (one line) for a file that is missing, not UTF-8 text, or empty."""
+    pieces = []
+    for path in paths:
+        try:
+            raw = path.read_bytes()[:READ_LIMIT]
+            text = raw.decode("utf-8")
+        except FileNotFoundError:
+            raise ValueError(f"--read: no file at {path}") from None
+        except IsADirectoryError:
+            raise ValueError(f"--read: {path} is a directory; give its files") from None
+        except UnicodeDecodeError:
+            raise ValueError(f"--read: {path} is not UTF-8 text") from None
+        if "\x00" in text or not text.strip():
+            raise ValueError(f"--read: {path} is {'binary' if text.strip() else 'empty'}: give a text file")
+        piece, size = [], 0
+        for line in text.splitlines(keepends=True):
+            piece.append(line)
+            size += len(line)
+            if size >= READ_CHARACTERS:
+                pieces.append((path.name, "".join(piece)))
+                piece, size = [], 0
+        pieces.append((path.name, "".join(piece)))
+    return [(name, piece) for name, piece in pieces if piece.strip()]
+
+
+def text_rows(tokenizer, pieces: list[tuple[str, str]]) -> list[dict]:
+    """Each piece as the answer to READ_ASKED through the chat template, as read_answers gives answers (marked
+    "read": trained on, never held out, since the target did not write it): its features come from one forward."""
+    import torch
+
+    from app.text import chat_ids
+
+    prompt = chat_ids(tokenizer, [{"role": "user", "content": READ_ASKED}])
+    rows = []
+    for number, (name, piece) in enumerate(pieces):
+        ids = prompt + tokenizer(piece, add_special_tokens=False)["input_ids"]
+        rows.append({"ids": torch.tensor(ids), "start": len(prompt), "prompt": f"read {name} {number}", "read": True})
     return rows
 
 
