@@ -11,7 +11,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from utils.checks import choice, integer, number, switch
+from utils.checks import SettingError, choice, integer, number, switch
 
 STRATEGIES = ("autoregressive", "speculative", "auto", "drafter", "ngram", "lookup", "lookahead", "beam", "eagle",
               "medusa")
@@ -66,8 +66,8 @@ class StrategySettings:
     # matched, up to copy_gamma drafted), the head elsewhere; heads draft copied text poorly.
     head_lookup: bool = True
     # auto (and eagle and medusa with head_lookup): where the context holds no copy, the session's earlier prompts and
-    # answers draft the round where the context's last session_min_match tokens or more occurred there (0: never);
-    # shorter matches guess the next token less often than the draft model does (docs/drafting.md).
+    # answers draft the round where the context's last session_min_match tokens or more (4 to 16) occurred there
+    # (0: never); shorter matches guess the next token less often than the draft model does (docs/options.md).
     session_min_match: int = 8
     # Sampling with eagle or medusa: Medusa's typical acceptance instead of the lossless rule. NOT lossless: the
     # output no longer follows the target's distribution (faster, as the drafts pass more often).
@@ -110,7 +110,7 @@ BOUNDS: dict[str, Callable[[str, Any], Any]] = {
     "head_branch": lambda s, v: integer(s, v, 1, 16),
     "head_cumulative": lambda s, v: number(s, v, 0, 1, high_open=True),
     "head_lookup": switch,
-    "session_min_match": lambda s, v: integer(s, v, 0, 16),
+    "session_min_match": lambda s, v: _off_or(s, v, 4, 16),  # sampling/drafters/session.py: KEY to LONGEST
     "typical": switch,
     "typical_threshold": lambda s, v: number(s, v, 0, 1),
     "typical_alpha": lambda s, v: number(s, v, 0, 1),
@@ -119,6 +119,14 @@ BOUNDS: dict[str, Callable[[str, Any], Any]] = {
     "length_penalty": lambda s, v: number(s, v, -math.inf, math.inf),
     "min_length": lambda s, v: integer(s, v, 0),
 }
+
+
+def _off_or(setting: str, value: Any, low: int, high: int) -> int:
+    """0 (off), or an integer from `low` to `high`."""
+    number = integer(setting, value, 0, high)
+    if 0 < number < low:
+        raise SettingError(setting, f"must be 0 (off) or an integer from {low} to {high}", value)
+    return number
 
 
 def check(setting: str, value: Any) -> Any:
