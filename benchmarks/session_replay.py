@@ -12,13 +12,13 @@ of the match that drafted them: what `--session-match` weighs.
 from __future__ import annotations
 
 import argparse
+import gzip
 import json
 import random
 from pathlib import Path
 
 from sampling.drafters.prompt_lookup import PromptLookupDrafter
 from sampling.drafters.session import KEY, SessionText
-from training.data import read_answers
 
 SHIPPED = Path(__file__).resolve().parents[1] / "heads" / "answers" / "qwen2.5-coder-1.5b.jsonl.gz"
 DEPTH, NODES = 8, 13  # a round's draft: the loop's copy length, the verify width's nodes
@@ -63,7 +63,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--count", type=int, default=400, help="answers replayed, in a seed-0 shuffle")
     p.add_argument("--out", type=Path, help="a directory for replay.json")
     args = p.parse_args(argv)
-    rows = [(row["ids"].tolist(), int(row["start"])) for row in read_answers([args.answers])]
+    with gzip.open(args.answers, "rt", encoding="utf-8") as file:  # train_head.py's answers: {"start", "ids"} a line
+        rows = [(row["ids"], int(row["start"])) for row in map(json.loads, file) if not row.get("read")]
     random.Random(0).shuffle(rows)
     table = replay(rows[: args.count])
     print("| match | rounds | first draft right | drafts accepted a round |\n|---|---|---|---|")
