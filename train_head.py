@@ -297,7 +297,8 @@ def run(args, prompts: list[str], budget: Budget, argv: list[str] | None, reused
     answered = [row for row in data if not row.get("read")]  # what the target wrote: the held-out answers' kind
     held = max(1, round(len(answered) * args.held_out)) if args.held_out else 0
     held_rows = answered[:held]
-    train_rows = [row for row in data if not any(row is kept for kept in held_rows)]
+    held_ids = {id(row) for row in held_rows}
+    train_rows = [row for row in data if id(row) not in held_ids]
     if start is not None:  # its shape and draft vocabulary too: the weights were trained for them
         config, module, vocab = start.config, start.module, start.vocab
     else:

@@ -17,6 +17,7 @@ import json
 import random
 from pathlib import Path
 
+from sampling.drafters.base import Draft
 from sampling.drafters.prompt_lookup import PromptLookupDrafter
 from sampling.drafters.session import KEY, SessionText
 
@@ -39,22 +40,12 @@ def replay(answers: list[tuple[list[int], int]], min_copy: int = 2) -> dict[int,
             found = text.draft(context, DEPTH, NODES)
             row = rows.setdefault(found.matched if found else 0, {"rounds": 0, "first": 0, "accepted": 0})
             row["rounds"] += 1
-            accepted = _accepted(found.tokens, found.parents, ids[position:]) if found else 0
+            accepted = Draft(found.tokens, parents=found.parents).matching(ids[position:]) if found else 0
             row["first"] += accepted > 0
             row["accepted"] += accepted
             position += accepted + 1
         text.add(ids)
     return dict(sorted(rows.items()))
-
-
-def _accepted(tokens: list[int], parents: list[int], truth: list[int]) -> int:
-    node, depth = -1, 0
-    while depth < len(truth):
-        children = [i for i, parent in enumerate(parents) if parent == node and tokens[i] == truth[depth]]
-        if not children:
-            break
-        node, depth = children[0], depth + 1
-    return depth
 
 
 def main(argv: list[str] | None = None) -> int:

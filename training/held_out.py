@@ -50,19 +50,8 @@ def held_out_tokens_per_step(head, rows: list[dict], depth: int, tree: int, bran
                     break
                 stored.at(n)
                 draft = drafter.propose(ids[:n], depth, GreedyProcessor(), None)
-                accepted += _accepted(draft, ids[n:])
+                accepted += draft.matching(ids[n:])
                 steps += 1
         results[f"{name}_tokens_per_step"] = round(1 + accepted / max(steps, 1), 3)
         results["positions"] = min(results["positions"], steps)
     return results
-
-
-def _accepted(draft, truth: list[int]) -> int:
-    """How many drafts greedy verification keeps when the target's text is `truth`."""
-    parents = draft.parents or list(range(-1, len(draft) - 1))
-    best, depth = 0, {-1: 0}
-    for i, (token, parent) in enumerate(zip(draft.tokens, parents, strict=True)):
-        if parent in depth and depth[parent] < len(truth) and token == truth[depth[parent]]:
-            depth[i] = depth[parent] + 1
-            best = max(best, depth[i])
-    return best

@@ -73,6 +73,16 @@ class Draft:
             last = self.parents[last]
         return path[::-1]
 
+    def matching(self, truth: list[int]) -> int:
+        """How many of its tokens greedy verification keeps where the target's next tokens are `truth` (the longest
+        path that `truth` begins with)."""
+        best, depth = 0, {-1: 0}
+        for i, (token, parent) in enumerate(zip(self.tokens, self.parents or range(-1, len(self) - 1), strict=True)):
+            if parent in depth and depth[parent] < len(truth) and token == truth[depth[parent]]:
+                depth[i] = depth[parent] + 1
+                best = max(best, depth[i])
+        return best
+
     def extra(self, accepted: list[int]) -> dict[str, int]:
         """The drafter's own counts for a round that committed the drafts `accepted` (none for most drafters)."""
         return {}
@@ -86,6 +96,11 @@ class Draft:
             last = self.parents.index(last)
             nodes.append(last)
         return [self.tokens[i] for i in nodes]
+
+
+def chain_or_tree(parents: list[int] | None) -> list[int] | None:
+    """A draft's `parents` as `Draft` takes them: None where they make a chain (token i follows token i - 1)."""
+    return None if parents is None or parents == list(range(-1, len(parents) - 1)) else parents
 
 
 def trie(chains: Iterable[list[int]], limit: int | None = None) -> tuple[list[int], list[int]]:

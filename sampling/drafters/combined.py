@@ -3,12 +3,12 @@ text where it holds a long enough match, the draft model elsewhere."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 from torch import Tensor
 
-from sampling.drafters.base import Draft, Drafter
+from sampling.drafters.base import Draft, Drafter, chain_or_tree
 from sampling.drafters.prompt_lookup import PromptLookupDrafter
 from sampling.drafters.session import SessionText
 from sampling.settings import check
@@ -19,8 +19,6 @@ from utils.runner import CachedModel
 @dataclass
 class SessionDraft(Draft):
     """A round drafted from the session's earlier text: it counts its rounds and the drafts accepted."""
-
-    matched: int = field(default=0, kw_only=True)
 
     def extra(self, accepted: list[int]) -> dict[str, int]:
         return {"session_rounds": 1, "session_accepted": len(accepted)}
@@ -63,8 +61,7 @@ class CombinedDrafter(Drafter):
             found = self.session.draft(ids, k, self.lookup.max_tree or k, self.session_match)
             if found is not None:
                 self.last = self.lookup  # no model ran: nothing to hear back
-                chain = found.parents == list(range(-1, len(found.tokens) - 1))
-                return SessionDraft(found.tokens, parents=None if chain else found.parents, matched=found.matched)
+                return SessionDraft(found.tokens, parents=chain_or_tree(found.parents))
         self.last = self.model
         return self.model.propose(ids, min(k, self.model_gamma), processor, generator)
 

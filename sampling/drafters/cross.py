@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 import torch
 from torch import Tensor
 
-from sampling.drafters.base import Draft, Drafter, trie
+from sampling.drafters.base import Draft, Drafter, chain_or_tree, trie
 from sampling.drafters.model import ModelDrafter
 from utils.logits_processor import LogitsProcessor
 
@@ -59,8 +59,7 @@ class CrossVocabDrafter(Drafter):
             tokens, parents = trie(drafts, self.inner.max_tree)
             forwards = own.forwards
             self.inner.proposed = len(drafts[0]) if drafts else 0  # what its adaptive length hears back against
-        chain = parents == list(range(-1, len(tokens) - 1))
-        return RetokenizedDraft(tokens, parents=None if chain else parents, forwards=forwards,
+        return RetokenizedDraft(tokens, parents=chain_or_tree(parents), forwards=forwards,
                                 retokenize_us=round((self.retokenizer.seconds - spent) * 1e6))
 
     def feedback(self, ids: list[int], accepted: int, target_logits: Tensor) -> None:

@@ -68,9 +68,9 @@ class SessionText:
         if not ids:
             return
         if len(self) + len(ids) > self.max_tokens:
-            while self.kept and len(self) + len(ids) > self.max_tokens * 3 // 4:
-                dropped = self.kept.popleft()
-                self.tokens = self.tokens[len(dropped) + 1:]
+            held = len(self)
+            while self.kept and held + len(ids) > self.max_tokens * 3 // 4:
+                held -= len(self.kept.popleft())
             kept = list(self.kept)
             self.clear()
             for document in kept:

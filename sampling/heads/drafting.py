@@ -15,7 +15,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from sampling.drafters.base import Draft, Drafter, check_tree_size
+from sampling.drafters.base import Draft, Drafter, chain_or_tree, check_tree_size
 from sampling.heads.networks import DraftHead
 from sampling.settings import check
 from utils.caching import common_prefix_length
@@ -49,5 +49,4 @@ class HeadDrafter(Drafter):
         ids = self.head.token_ids(torch.tensor([tokens[i] for i in kept], dtype=torch.long,
                                                device=self.head.out.device)).tolist()
         tree_parents = [new[parents[i]] if parents[i] >= 0 else -1 for i in kept]
-        chain = tree_parents == list(range(-1, len(kept) - 1))
-        return Draft(ids, parents=None if chain else tree_parents, forwards=forwards)
+        return Draft(ids, parents=chain_or_tree(tree_parents), forwards=forwards)
